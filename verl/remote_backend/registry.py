@@ -1,0 +1,197 @@
+"""Name -> backend class registry, imported lazily.
+
+Three ways a backend becomes known, in the order ``get`` tries them:
+
+1. ``@RemoteBackendRegistry.register("name")`` on a class whose module has
+   already been imported (e.g. through verl's ``VERL_USE_EXTERNAL_MODULES``
+   hook, which imports listed modules in every process that imports verl);
+2. ``RemoteBackendRegistry.MODULES["name"] = "dotted.module"``: the module is
+   imported on first ``get`` and must register the class under that name;
+3. an installed distribution advertising an entry point in the
+   ``verl.remote_backends`` group: ``name = "pkg.module:Class"`` (or just
+   ``"pkg.module"`` when the module registers itself).
+
+Nothing is imported before a backend is asked for, so importing
+``verl.remote_backend`` never pulls in arctic-platform, deepspeed or vllm.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import os
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
+
+from verl.remote_backend.base import RemoteBackend
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+__all__ = ["RemoteBackendRegistry", "UnknownBackendError", "BackendImportError", "ENTRY_POINT_GROUP"]
+
+ENTRY_POINT_GROUP = "verl.remote_backends"
+_EXTERNAL_MODULES_ENV = "VERL_USE_EXTERNAL_MODULES"
+
+B = TypeVar("B", bound=type[RemoteBackend])
+
+
+class UnknownBackendError(KeyError):
+    """No backend is registered under the requested name."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0])
+
+
+class BackendImportError(ImportError):
+    """The module that provides a backend could not be imported."""
+
+
+class RemoteBackendRegistry:
+    """Process-wide map from backend name to ``RemoteBackend`` subclass."""
+
+    #: Built-in backends: name -> module that registers it when imported.
+    MODULES: dict[str, str] = {
+        "local": "verl.workers.remote_client.local_backend",
+        "arctic": "verl.workers.remote_client.arctic_rl_client",
+    }
+    #: pip extra that provides a built-in backend's dependencies.
+    INSTALL_HINTS: dict[str, str] = {
+        "arctic": "pip install 'verl-remote-backend[arctic]'",
+    }
+
+    _classes: dict[str, type[RemoteBackend]] = {}
+    _lock = threading.RLock()
+
+    # ------------------------------------------------------------ registration
+    @classmethod
+    def register(cls, name: str) -> Callable[[B], B]:
+        """Class decorator: make ``backend_cls`` available as ``name``.
+
+        Registering the same class twice is a no-op (modules may be re-imported);
+        a *different* class under a taken name raises ``ValueError``.
+        """
+        if not name or not isinstance(name, str):
+            raise ValueError(f"Backend name must be a non-empty string, got {name!r}")
+
+        def decorator(backend_cls: B) -> B:
+            if not (isinstance(backend_cls, type) and issubclass(backend_cls, RemoteBackend)):
+                raise TypeError(
+                    f"@RemoteBackendRegistry.register({name!r}) expects a RemoteBackend subclass, got {backend_cls!r}"
+                )
+            with cls._lock:
+                existing = cls._classes.get(name)
+                if existing is not None and _qualname(existing) != _qualname(backend_cls):
+                    raise ValueError(
+                        f"Remote backend name {name!r} is already registered to {_qualname(existing)}; "
+                        f"refusing to register {_qualname(backend_cls)} under the same name. Pick another name."
+                    )
+                backend_cls.name = name
+                cls._classes[name] = backend_cls
+            return backend_cls
+
+        return decorator
+
+    @classmethod
+    def unregister(cls, name: str) -> None:
+        """Forget ``name`` (tests and plugin reloads)."""
+        with cls._lock:
+            cls._classes.pop(name, None)
+
+    # ------------------------------------------------------------ lookup
+    @classmethod
+    def list(cls) -> list[str]:
+        """Every name ``get`` can resolve: registered, built-in and entry points."""
+        names = set(cls._classes) | set(cls.MODULES) | {ep.name for ep in _entry_points()}
+        return sorted(names)
+
+    @classmethod
+    def get(cls, name: str) -> type[RemoteBackend]:
+        """Return the class registered as ``name``, importing its module if needed.
+
+        Raises:
+            UnknownBackendError: nothing provides ``name`` (lists the known names).
+            BackendImportError: the providing module failed to import (chains the
+                cause and gives the install command).
+        """
+        with cls._lock:
+            if name in cls._classes:
+                return cls._classes[name]
+            _import_external_modules()
+            if name in cls._classes:
+                return cls._classes[name]
+            if name in cls.MODULES:
+                cls._import(name, cls.MODULES[name])
+            else:
+                for ep in _entry_points():
+                    if ep.name == name:
+                        cls._load_entry_point(ep)
+                        break
+                else:
+                    raise UnknownBackendError(
+                        f"Unknown remote backend {name!r} (trainer.remote_backend={name}). "
+                        f"Known backends: {cls.list()}. To add one, decorate a RemoteBackend subclass with "
+                        f"@RemoteBackendRegistry.register({name!r}) and make its module importable via "
+                        f"VERL_USE_EXTERNAL_MODULES=<module> or an entry point in the {ENTRY_POINT_GROUP!r} group."
+                    )
+            if name not in cls._classes:
+                raise UnknownBackendError(
+                    f"Importing the provider of remote backend {name!r} did not register it: "
+                    f"the module must decorate its class with @RemoteBackendRegistry.register({name!r})."
+                )
+            return cls._classes[name]
+
+    @classmethod
+    def create(cls, name: str, main_config: "DictConfig", **kwargs: Any) -> RemoteBackend:
+        """``get(name).from_config(main_config, **kwargs)``."""
+        return cls.get(name).from_config(main_config, **kwargs)
+
+    # ------------------------------------------------------------ helpers
+    @classmethod
+    def _import(cls, name: str, module: str) -> None:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            hint = cls.INSTALL_HINTS.get(name)
+            raise BackendImportError(
+                f"Remote backend {name!r} is provided by module {module!r}, which failed to import: "
+                f"{type(exc).__name__}: {exc}." + (f" Install its dependencies with: {hint}" if hint else "")
+            ) from exc
+
+    @classmethod
+    def _load_entry_point(cls, ep: importlib.metadata.EntryPoint) -> None:
+        try:
+            obj = ep.load()
+        except ImportError as exc:
+            dist = getattr(ep, "dist", None)
+            hint = f" (installed by distribution {dist.name!r})" if dist is not None else ""
+            raise BackendImportError(
+                f"Remote backend {ep.name!r} comes from entry point {ep.value!r}{hint}, which failed to import: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        if isinstance(obj, type) and issubclass(obj, RemoteBackend) and ep.name not in cls._classes:
+            cls.register(ep.name)(obj)
+
+
+def _qualname(obj: type) -> str:
+    return f"{obj.__module__}.{obj.__qualname__}"
+
+
+def _entry_points() -> list[importlib.metadata.EntryPoint]:
+    return list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+
+
+def _import_external_modules() -> None:
+    """Honour ``VERL_USE_EXTERNAL_MODULES`` even when set after ``import verl``."""
+    for module in filter(None, (m.strip() for m in os.environ.get(_EXTERNAL_MODULES_ENV, "").split(","))):
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise BackendImportError(
+                f"{_EXTERNAL_MODULES_ENV} lists {module!r}, which failed to import: {type(exc).__name__}: {exc}"
+            ) from exc
+
+
+def resolve_optional(name: Optional[str]) -> Optional[type[RemoteBackend]]:
+    """``None`` for ``trainer.remote_backend=null``; else ``RemoteBackendRegistry.get(name)``."""
+    return None if name in (None, "", "null", "None") else RemoteBackendRegistry.get(name)
