@@ -21,7 +21,7 @@ find_python() {
     exit 1
 }
 
-key="$(cat "$repo/pyproject.toml" "$repo/scripts/setup_env.sh" | sha256sum | cut -c1-12)-${extras//[^a-z,]/}"
+key="$(sha256sum < "$repo/pyproject.toml" | cut -c1-12)-${extras//[^a-z,]/}"
 venv="${VRB_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/verl-remote-backend/venv-$key}"
 
 if [ ! -f "$venv/.complete" ]; then
@@ -38,4 +38,7 @@ if [ ! -f "$venv/.complete" ]; then
 fi
 # Our package changes every commit: reinstall just it (no deps, a few seconds).
 "$venv/bin/python" -m pip install -q --no-deps --force-reinstall "$repo" >&2
+# setuptools leaves build metadata in the checkout; an in-tree *.egg-info would shadow the
+# installed distribution's metadata for anything run from the repository root.
+rm -rf "$repo"/*.egg-info "$repo/build"
 echo "$venv"

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import importlib.metadata
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 import pytest
+
+import verl
 
 OUR_PACKAGES = ("verl/remote_backend/", "verl/workers/remote_client/", "verl/workers/rollout/remote_rollout/")
 
 
 def _installed_files(dist: str) -> set[str]:
-    files = importlib.metadata.files(dist)
+    # Read the metadata installed next to verl, not a build artefact in the checkout.
+    site_dir = str(Path(verl.__file__).resolve().parents[1])
+    (found,) = [d for d in importlib.metadata.distributions(path=[site_dir]) if d.metadata["Name"] == dist]
+    files = found.files
     assert files, f"distribution {dist!r} has no RECORD"
     return {str(PurePosixPath(f)) for f in files if ".dist-info/" not in str(f) and "__pycache__" not in str(f)}
 
