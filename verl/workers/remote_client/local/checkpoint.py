@@ -1,0 +1,128 @@
+"""Atomic, verifiable checkpoint directories.
+
+A checkpoint is a directory of files plus ``manifest.json``::
+
+    {"format": 1, "step": 12, "files": {"model.safetensors": {"sha256": "...", "bytes": 123}, ...}, ...}
+
+It is written into a temporary sibling directory (same parent, so the final
+rename stays on one filesystem) and moved into place only once every file and
+the manifest are on disk: a crash leaves either the previous checkpoint or the
+new one, never a half-written directory. Loading verifies the manifest first and
+names the missing or corrupt file.
+
+Nothing here pickles code: tensors go to safetensors, other state to
+``torch.save`` payloads that load with ``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from typing import Any, Callable, Mapping, Optional
+
+__all__ = ["CheckpointError", "write_checkpoint_dir", "verify_checkpoint_dir", "MANIFEST", "FORMAT_VERSION"]
+
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint directory is missing, incomplete, corrupt or from another step."""
+
+
+def write_checkpoint_dir(
+    path: str,
+    step: int,
+    writers: Mapping[str, Callable[[str], None]],
+    extra: Optional[Mapping[str, Any]] = None,
+) -> str:
+    """Atomically create (or replace) checkpoint directory ``path``.
+
+    Args:
+        path: final directory; its parent is created if needed.
+        step: training step recorded in the manifest.
+        writers: file name -> function writing that file at the given full path.
+        extra: more JSON-serialisable manifest fields.
+
+    Returns:
+        the absolute path written.
+    """
+    path = os.path.abspath(os.path.expanduser(path))
+    parent = os.path.dirname(path)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp-", dir=parent)
+    try:
+        files = {}
+        for name, write in writers.items():
+            target = os.path.join(tmp, name)
+            write(target)
+            files[name] = {"sha256": _sha256(target), "bytes": os.path.getsize(target)}
+        manifest = {"format": FORMAT_VERSION, "step": int(step), "files": files, **dict(extra or {})}
+        with open(os.path.join(tmp, MANIFEST), "w") as fh:
+            json.dump(manifest, fh, indent=2, sort_keys=True)
+            fh.flush()
+            os.fsync(fh.fileno())
+        _swap_in(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+def verify_checkpoint_dir(path: str, step: Optional[int] = None) -> dict[str, Any]:
+    """Check ``path`` against its manifest and return the manifest.
+
+    Raises:
+        CheckpointError: the directory or manifest is missing, a listed file is
+            missing or its checksum differs, or ``step`` is given and differs.
+    """
+    path = os.path.abspath(os.path.expanduser(path))
+    if not os.path.isdir(path):
+        raise CheckpointError(f"checkpoint directory {path} does not exist")
+    manifest_path = os.path.join(path, MANIFEST)
+    if not os.path.isfile(manifest_path):
+        raise CheckpointError(f"{path} has no {MANIFEST}: it is not a complete local-backend checkpoint")
+    try:
+        with open(manifest_path) as fh:
+            manifest = json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{manifest_path} is unreadable: {exc}") from exc
+    if manifest.get("format") != FORMAT_VERSION:
+        raise CheckpointError(f"{manifest_path} has format {manifest.get('format')!r}; expected {FORMAT_VERSION}")
+    for name, meta in manifest.get("files", {}).items():
+        file = os.path.join(path, name)
+        if not os.path.isfile(file):
+            raise CheckpointError(f"checkpoint {path} is missing {name} (listed in {MANIFEST})")
+        if _sha256(file) != meta.get("sha256"):
+            raise CheckpointError(f"checkpoint file {file} is corrupt: its sha256 does not match {MANIFEST}")
+    if step is not None and int(manifest.get("step", -1)) != int(step):
+        raise CheckpointError(f"checkpoint {path} is from step {manifest.get('step')}, not the requested step {step}")
+    return manifest
+
+
+def _swap_in(tmp: str, path: str) -> None:
+    if not os.path.exists(path):
+        os.rename(tmp, path)
+        return
+    # Directories cannot be replaced by rename; move the old one aside first
+    # so the new one appears in a single rename.
+    old = f"{path}.old-{uuid.uuid4().hex[:8]}"
+    os.rename(path, old)
+    try:
+        os.rename(tmp, path)
+    except BaseException:
+        os.rename(old, path)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _sha256(file: str) -> str:
+    digest = hashlib.sha256()
+    with open(file, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

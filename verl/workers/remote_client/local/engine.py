@@ -1,0 +1,464 @@
+"""``LocalEngine``: a single-device RL engine (actor, reference, sampler, optimizer).
+
+Synchronous and Ray-free: the ``local`` backend runs it inside a Ray actor
+(:mod:`.actor`), and the Arctic stand-in server drives it in-process through
+the finer-grained primitives below. All methods are thread-safe: training-side
+calls serialise on one lock, sampling on another, so a sampling batch may run
+while the actor trains (the sampler decodes from its own weight copy, refreshed
+only by :meth:`sync_sampler_weights`).
+
+Primitives (what Arctic-style callers use):
+
+* :meth:`log_probs` - forward-only per-token log-probs/entropy, actor or reference;
+* :meth:`forward_backward` - accumulate verl's PPO-loss gradient over one mini-batch;
+* :meth:`optimizer_step` - clip, step, zero grads (optionally advance the LR schedule);
+* :meth:`sample` / :meth:`make_request` - batched generation;
+* :meth:`sync_sampler_weights`, :meth:`save_checkpoint`, :meth:`load_checkpoint`.
+
+Contract-level ops (what :class:`~verl.workers.remote_client.local_backend.LocalBackend` calls):
+:meth:`compute_log_prob`, :meth:`update_actor`.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import platform
+import random
+import threading
+from typing import Any, Optional, Sequence, Union
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from verl.remote_backend.base import BackendDevice
+
+from .checkpoint import CheckpointError, verify_checkpoint_dir, write_checkpoint_dir
+from .config import ConfigError, EngineSettings
+from .forward import DTYPE_BY_NAME, get_input_tensors, jagged_rows, packed_forward, row_slices
+from .objective import forward_backward, optimizer_step, to_actor_config, train_batch
+from .sampler import SampleRequest, SampleResult, SamplingParams, sample_batch
+
+__all__ = ["LocalEngine"]
+
+_MODEL_FILE = "model.safetensors"
+_OPTIM_FILE = "optimizer.pt"
+_STATE_FILE = "trainer_state.pt"
+
+
+class LocalEngine:
+    """Owns the trained model, its optimizer and LR schedule, an optional frozen
+    reference model and the sampler's weight copy, all on one device."""
+
+    def __init__(self, settings: EngineSettings) -> None:
+        from transformers import AutoTokenizer
+
+        self.settings = settings
+        cfg = settings.backend
+        if cfg.device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("remote_backend.local.device=cuda but no CUDA device is visible; use device=cpu")
+        self.device = torch.device("cuda", torch.cuda.current_device()) if cfg.device == "cuda" else torch.device("cpu")
+        self.dtype = DTYPE_BY_NAME[cfg.dtype]
+        self.autocast_dtype = DTYPE_BY_NAME[cfg.autocast_dtype] if cfg.autocast_dtype else None
+
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(
+                settings.tokenizer_path or settings.model_path, trust_remote_code=settings.trust_remote_code
+            )
+        except Exception as exc:
+            raise ConfigError(
+                f"actor_rollout_ref.model.path={settings.model_path!r}: cannot load its tokenizer ({exc})"
+            ) from exc
+        self.model = self._load_model(self.dtype)
+        self.model.train()
+        self.ref_model = self._frozen(self._load_model(self.dtype)) if settings.need_ref else None
+        sampler_dtype = DTYPE_BY_NAME[cfg.sampler_dtype] if cfg.sampler_dtype else self.dtype
+        self.sampler_model = self._frozen(copy.deepcopy(self.model).to(sampler_dtype))
+
+        self.optimizer, self.lr_scheduler = self._build_optimizer()
+
+        gen_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        eos = [self.tokenizer.eos_token_id] + (list(gen_eos) if isinstance(gen_eos, (list, tuple)) else [gen_eos])
+        self.eos_token_ids = sorted({int(e) for e in eos if e is not None})
+        pad = self.tokenizer.pad_token_id
+        self.pad_token_id = int(pad if pad is not None else (self.eos_token_ids or [0])[0])
+        self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
+        self.max_model_len = int(cfg.max_model_len or getattr(self.model.config, "max_position_embeddings", 0) or 2048)
+        self.generator = torch.Generator(device=self.device).manual_seed(int(cfg.seed))
+
+        self.policy_version = 0
+        self.optimizer_steps = 0
+        self.global_step = 0
+        self._train_lock = threading.RLock()
+        self._sample_lock = threading.RLock()
+
+    # ------------------------------------------------------------------ setup
+    def _load_model(self, dtype: torch.dtype) -> torch.nn.Module:
+        from transformers import AutoModelForCausalLM
+
+        path = self.settings.model_path
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                path,
+                dtype=dtype,
+                attn_implementation=self.settings.backend.attn_implementation,
+                trust_remote_code=self.settings.trust_remote_code,
+            )
+        except Exception as exc:
+            raise ConfigError(
+                f"actor_rollout_ref.model.path={path!r} is not a loadable Hugging Face causal LM: {exc}"
+            ) from exc
+        return model.to(self.device)
+
+    @staticmethod
+    def _frozen(model: torch.nn.Module) -> torch.nn.Module:
+        model.eval()
+        model.requires_grad_(False)
+        return model
+
+    def _build_optimizer(self) -> tuple[torch.optim.Optimizer, Any]:
+        """verl's optimizer and LR schedule, built as its FSDP engine builds them."""
+        from verl.utils.config import omega_conf_to_dataclass
+        from verl.utils.torch_functional import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
+        from verl.workers.config import FSDPOptimizerConfig
+        from verl.workers.config.optimizer import build_optimizer
+
+        raw = dict(self.settings.optim)
+        raw["total_training_steps"] = self.settings.total_training_steps
+        raw.pop("grad_clip", None)  # deprecated alias; resolved into settings.grad_clip
+        try:
+            ocfg = omega_conf_to_dataclass(raw, FSDPOptimizerConfig)
+        except Exception as exc:
+            raise ConfigError(f"actor_rollout_ref.actor.optim is invalid: {exc}") from exc
+        optimizer = build_optimizer([p for p in self.model.parameters() if p.requires_grad], ocfg)
+        total = int(ocfg.total_training_steps)
+        warmup = ocfg.lr_warmup_steps if ocfg.lr_warmup_steps is not None else -1
+        if warmup <= 0:
+            if ocfg.lr_warmup_steps_ratio > 0 and total <= 0:
+                raise ConfigError(
+                    "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio > 0 needs the number of training steps: "
+                    "set trainer.total_training_steps or actor_rollout_ref.actor.optim.lr_warmup_steps"
+                )
+            warmup = int(ocfg.lr_warmup_steps_ratio * max(total, 0))
+        if ocfg.lr_scheduler_type == "constant":
+            scheduler = get_constant_schedule_with_warmup(optimizer=optimizer, num_warmup_steps=warmup)
+        elif ocfg.lr_scheduler_type == "cosine":
+            if total <= 0:
+                raise ConfigError(
+                    "actor_rollout_ref.actor.optim.lr_scheduler_type=cosine needs trainer.total_training_steps"
+                )
+            scheduler = get_cosine_schedule_with_warmup(
+                optimizer=optimizer,
+                num_warmup_steps=warmup,
+                num_training_steps=total,
+                min_lr_ratio=ocfg.min_lr_ratio or 0.0,
+                num_cycles=ocfg.num_cycles,
+                zero_indexed_step=ocfg.zero_indexed_step,
+            )
+        else:
+            raise ConfigError(
+                f"actor_rollout_ref.actor.optim.lr_scheduler_type={ocfg.lr_scheduler_type!r}: use constant or cosine"
+            )
+        return optimizer, scheduler
+
+    # ------------------------------------------------------------------ info
+    def device_report(self) -> dict[str, Any]:
+        """``BackendDevice`` dict of the device this engine computes on (for MFU)."""
+        if self.device.type == "cuda":
+            from verl.utils.flops_counter import get_device_flops
+
+            peak = get_device_flops(unit="B")  # "B" = plain FLOP/s
+            name = torch.cuda.get_device_name(self.device)
+            return BackendDevice("cuda", 1, None if not np.isfinite(peak) else float(peak), name).to_dict()
+        return BackendDevice("cpu", 1, None, platform.processor() or platform.machine() or None).to_dict()
+
+    def info(self) -> dict[str, Any]:
+        """Small status dict: model, device, counters, limits (used by the client and tests)."""
+        return {
+            "model_path": self.settings.model_path,
+            "device": self.device_report(),
+            "policy_version": self.policy_version,
+            "optimizer_steps": self.optimizer_steps,
+            "global_step": self.global_step,
+            "has_ref": self.ref_model is not None,
+            "max_model_len": self.max_model_len,
+            "vocab_size": self.vocab_size,
+            "eos_token_ids": list(self.eos_token_ids),
+            "pad_token_id": self.pad_token_id,
+            "pid": os.getpid(),
+        }
+
+    # ------------------------------------------------------------------ log-probs
+    def log_probs(
+        self,
+        data: Union[TensorDict, dict],
+        *,
+        ref: bool = False,
+        temperature: Union[float, torch.Tensor] = 1.0,
+        calculate_entropy: bool = False,
+    ) -> dict[str, torch.Tensor]:
+        """Forward-only per-token log-probs of every token of the batch.
+
+        Args:
+            data: ``input_ids`` (NJT ``[B, j]``) and optionally ``position_ids`` (same offsets).
+            ref: use the frozen reference model (needs ``need_ref``).
+            temperature: scalar or per-row ``[B]`` logits divisor.
+            calculate_entropy: also return per-token entropy.
+
+        Returns:
+            ``{"log_probs": float32 [T], "entropy": float32 [T] (when asked)}`` on
+            CPU, packed in ``input_ids.values()`` order; slot t = log p(token t+1),
+            last slot of each row 0. Micro-batched by
+            ``rollout.log_prob_micro_batch_size_per_gpu`` / ``log_prob_max_token_len_per_gpu``.
+        """
+        input_ids, position_ids = get_input_tensors(data)
+        if ref and self.ref_model is None:
+            raise RuntimeError(
+                "compute_log_prob(ref=True) but the local backend has no reference model: it is built only when "
+                "actor_rollout_ref.actor.use_kl_loss=true or algorithm.use_kl_in_reward=true"
+            )
+        self._check_token_ids(input_ids.values())
+        temp = torch.as_tensor(temperature, dtype=torch.float32)
+        s = self.settings
+        slices = row_slices(
+            input_ids.offsets().diff(),
+            micro_batch_size=s.log_prob_micro_batch_size,
+            max_token_len=s.log_prob_max_token_len if s.log_prob_use_dynamic_bsz else None,
+        )
+        with self._train_lock, torch.no_grad():
+            model = self.ref_model if ref else self.model
+            was_training = model.training
+            model.eval()
+            try:
+                parts = [
+                    packed_forward(
+                        model,
+                        jagged_rows(input_ids, rows),
+                        None if position_ids is None else jagged_rows(position_ids, rows),
+                        temperature=temp if temp.dim() == 0 else temp[rows],
+                        calculate_entropy=calculate_entropy,
+                        pad_token_id=self.pad_token_id,
+                        autocast_dtype=self.autocast_dtype,
+                    )
+                    for rows in slices
+                ]
+            finally:
+                model.train(was_training)
+        return {key: torch.cat([p[key] for p in parts]).float().cpu() for key in parts[0]}
+
+    def compute_log_prob(
+        self, data: TensorDict, *, ref: bool, calculate_entropy: bool, temperature: float
+    ) -> dict[str, Any]:
+        """The contract's ``compute_log_prob`` result: ``{"model_output", "metrics", "device"}``."""
+        out = self.log_probs(data, ref=ref, temperature=temperature, calculate_entropy=calculate_entropy)
+        return {"model_output": out, "metrics": {}, "device": self.device_report()}
+
+    # ------------------------------------------------------------------ training
+    def forward_backward(
+        self, mini_batch: TensorDict, actor_config: Any, *, temperature: float = 1.0
+    ) -> dict[str, Any]:
+        """Accumulate verl's PPO-loss gradient over one mini-batch; no optimizer step.
+
+        ``mini_batch`` layout and the returned ``{"loss", "metrics"}`` are those of
+        :func:`.objective.forward_backward`. Call :meth:`optimizer_step` after one
+        or more of these.
+        """
+        cfg = to_actor_config(actor_config)
+        with self._train_lock:
+            self.model.train()
+            return forward_backward(
+                self.model,
+                self._to_device(mini_batch),
+                cfg,
+                temperature=temperature,
+                pad_token_id=self.pad_token_id,
+                autocast_dtype=self.autocast_dtype,
+            )
+
+    def optimizer_step(self, *, step_scheduler: bool = False) -> dict[str, float]:
+        """Clip (``actor.grad_clip``), step and zero grads; optionally advance the LR schedule.
+
+        Returns:
+            ``{"grad_norm": float (before clipping), "lr": float (current LR after any schedule step)}``.
+        """
+        with self._train_lock:
+            grad_norm = optimizer_step(self.model, self.optimizer, self.settings.grad_clip)
+            self.optimizer_steps += 1
+            if step_scheduler:
+                self.lr_scheduler.step()
+            return {"grad_norm": grad_norm, "lr": float(self.optimizer.param_groups[0]["lr"])}
+
+    def lr_scheduler_step(self) -> float:
+        """Advance the LR schedule by one training step; returns the new LR."""
+        with self._train_lock:
+            self.lr_scheduler.step()
+            return float(self.lr_scheduler.get_last_lr()[0])
+
+    def update_actor(self, data: TensorDict, actor_config: Any, *, temperature: float = 1.0) -> dict[str, Any]:
+        """The contract's ``update_actor``: all mini-batches/epochs of the batch, then one LR-schedule step.
+
+        Returns ``{"loss", "metrics", "global_token_num", "device"}`` (see
+        :func:`.objective.train_batch`; metrics are per optimizer step lists).
+        """
+        cfg = to_actor_config(actor_config)
+        with self._train_lock:
+            out = train_batch(
+                self.model,
+                self.optimizer,
+                self.lr_scheduler,
+                self._to_device(data),
+                cfg,
+                grad_clip=self.settings.grad_clip,
+                temperature=temperature,
+                pad_token_id=self.pad_token_id,
+                autocast_dtype=self.autocast_dtype,
+                on_step=self._count_step,
+            )
+        out["device"] = self.device_report()
+        return out
+
+    def _count_step(self) -> None:
+        self.optimizer_steps += 1
+
+    def _to_device(self, data: TensorDict) -> TensorDict:
+        return data if self.device.type == "cpu" else data.to(self.device)
+
+    # ------------------------------------------------------------------ sampling
+    def make_request(self, prompt_ids: Sequence[int], sampling_params: dict[str, Any]) -> SampleRequest:
+        """Validate one ``generate`` call before any work starts.
+
+        ``max_tokens`` is capped at the context left after the prompt
+        (``max_model_len - len(prompt)``); a missing ``max_tokens`` means "up to the context".
+
+        Raises:
+            ValueError: empty prompt, prompt longer than ``max_model_len``, token ids
+                outside the vocabulary, or invalid sampling parameters (named).
+        """
+        prompt = tuple(int(t) for t in prompt_ids)
+        if not prompt:
+            raise ValueError("prompt_ids is empty; generate needs at least one prompt token")
+        if len(prompt) > self.max_model_len:
+            raise ValueError(
+                f"prompt of {len(prompt)} tokens is longer than the model context ({self.max_model_len} tokens, "
+                "remote_backend.local.max_model_len or the model's max_position_embeddings)"
+            )
+        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt_ids contains ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
+        room = self.max_model_len - len(prompt)
+        params = SamplingParams.from_dict(sampling_params, default_max_tokens=room)
+        if params.max_tokens > room:
+            params = SamplingParams(**{**params.__dict__, "max_tokens": room})
+        return SampleRequest(prompt, params)
+
+    def sample(self, requests: Sequence[SampleRequest]) -> list[SampleResult]:
+        """Decode validated requests (from :meth:`make_request`) together, with the sampler's weights."""
+        with self._sample_lock:
+            return sample_batch(
+                self.sampler_model,
+                requests,
+                eos_token_ids=self.eos_token_ids,
+                pad_token_id=self.pad_token_id,
+                generator=self.generator,
+            )
+
+    def generate(self, prompt_ids: Sequence[int], sampling_params: dict[str, Any]) -> dict[str, Any]:
+        """One request, unbatched (the Ray actor batches concurrent calls instead)."""
+        return self.sample([self.make_request(prompt_ids, sampling_params)])[0].to_dict()
+
+    def sync_sampler_weights(self) -> dict[str, Any]:
+        """Copy the trained weights into the sampler; bump and return ``policy_version``."""
+        with self._train_lock, self._sample_lock, torch.no_grad():
+            src = dict(self.model.named_parameters())
+            src.update(dict(self.model.named_buffers()))
+            for name, dst in list(self.sampler_model.named_parameters()) + list(self.sampler_model.named_buffers()):
+                dst.copy_(src[name])
+            self.policy_version += 1
+            return {"policy_version": self.policy_version}
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, path: str, step: Optional[int] = None) -> str:
+        """Write model (safetensors), optimizer + LR schedule, RNG and counters atomically to ``path``.
+
+        Files: ``model.safetensors``, ``config.json``, ``optimizer.pt``,
+        ``trainer_state.pt``, ``manifest.json`` (step, sha256 of each file).
+        Returns the absolute directory written.
+        """
+        from safetensors.torch import save_model
+
+        with self._train_lock, self._sample_lock:
+            step = self.global_step if step is None else int(step)
+            optim_state = {"optimizer": self.optimizer.state_dict(), "lr_scheduler": self.lr_scheduler.state_dict()}
+            state = {
+                "global_step": step,
+                "optimizer_steps": self.optimizer_steps,
+                "policy_version": self.policy_version,
+                "rng": _rng_state(self.generator),
+            }
+            writers = {
+                _MODEL_FILE: lambda f: save_model(self.model, f),
+                "config.json": lambda f: self.model.config.to_json_file(f),
+                _OPTIM_FILE: lambda f: torch.save(optim_state, f),
+                _STATE_FILE: lambda f: torch.save(state, f),
+            }
+            written = write_checkpoint_dir(path, step, writers, extra={"backend": "local"})
+            self.global_step = step
+            return written
+
+    def load_checkpoint(self, path: str, step: Optional[int] = None) -> dict[str, Any]:
+        """Restore exactly what :meth:`save_checkpoint` wrote; the sampler gets the loaded weights.
+
+        Raises:
+            CheckpointError: missing directory/manifest/file, checksum mismatch, or another step.
+        """
+        from safetensors.torch import load_model
+
+        manifest = verify_checkpoint_dir(path, step)
+        with self._train_lock, self._sample_lock:
+            try:
+                load_model(self.model, os.path.join(path, _MODEL_FILE), strict=True, device=str(self.device))
+                optim_state = torch.load(os.path.join(path, _OPTIM_FILE), weights_only=True, map_location=self.device)
+                state = torch.load(os.path.join(path, _STATE_FILE), weights_only=True)
+            except CheckpointError:
+                raise
+            except Exception as exc:
+                raise CheckpointError(f"checkpoint {path} could not be loaded into this model: {exc}") from exc
+            self.optimizer.load_state_dict(optim_state["optimizer"])
+            self.lr_scheduler.load_state_dict(optim_state["lr_scheduler"])
+            _set_rng_state(state["rng"], self.generator)
+            self.global_step = int(state["global_step"])
+            self.optimizer_steps = int(state["optimizer_steps"])
+            self.policy_version = int(state["policy_version"]) - 1
+            self.sync_sampler_weights()
+        return {"step": int(manifest["step"]), "policy_version": self.policy_version}
+
+    # ------------------------------------------------------------------ helpers
+    def _check_token_ids(self, ids: torch.Tensor) -> None:
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
+            raise ValueError(f"input_ids contains ids outside the vocabulary [0, {self.vocab_size})")
+
+
+def _rng_state(generator: torch.Generator) -> dict[str, Any]:
+    np_state = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "python": random.getstate(),
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
+        "sampler": generator.get_state(),
+    }
+
+
+def _set_rng_state(state: dict[str, Any], generator: torch.Generator) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    random.setstate(_as_tuple(state["python"]))
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
+    generator.set_state(state["sampler"])
+
+
+def _as_tuple(obj: Any) -> Any:
+    return tuple(_as_tuple(o) for o in obj) if isinstance(obj, (list, tuple)) else obj

@@ -1,0 +1,143 @@
+"""Per-token log-probs and entropy of packed (nested-jagged) sequences.
+
+Pure functions over a Hugging Face causal LM; no Ray, no optimizer. Used by the
+engine for ``compute_log_prob`` (no grad) and inside the policy loss (with grad).
+
+Layout (see ``verl/remote_backend/base.py``): ``input_ids`` is an NJT of ``B``
+rows, row ``i`` holding its ``L_i`` real tokens; outputs are packed 1-D ``[T]``
+tensors, ``T = sum(L_i)``, in ``input_ids.values()`` order, slot ``t`` =
+``log p(token[t+1] | token[:t+1])`` and the last slot of each row ``0``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Optional, Union
+
+import torch
+from tensordict import TensorDict
+
+from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+
+__all__ = ["packed_forward", "row_slices", "jagged_rows", "DTYPE_BY_NAME"]
+
+DTYPE_BY_NAME = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def packed_forward(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    position_ids: Optional[torch.Tensor],
+    *,
+    temperature: Union[float, torch.Tensor] = 1.0,
+    calculate_entropy: bool = False,
+    entropy_requires_grad: bool = True,
+    pad_token_id: int = 0,
+    autocast_dtype: Optional[torch.dtype] = None,
+) -> dict[str, torch.Tensor]:
+    """Run ``model`` on the rows of ``input_ids`` and return packed per-token outputs.
+
+    Rows are right-padded into one dense ``[B, max L_i]`` batch with an attention
+    mask, so real tokens never attend to padding (causal attention) and the
+    result equals running each row on its own.
+
+    Args:
+        model: causal LM returning ``.logits [B, L, V]``.
+        input_ids: NJT ``[B, j]`` of token ids (``torch.jagged`` layout).
+        position_ids: NJT with the same offsets, or ``None`` for ``0..L_i-1``.
+        temperature: scalar or per-row ``[B]``; logits are divided by it
+            (clamped at 1e-8) before the softmax, as verl does.
+        calculate_entropy: also return the per-token entropy of the
+            temperature-scaled distribution.
+        entropy_requires_grad: when False the entropy is computed under
+            ``no_grad`` (a metric only), saving the autograd graph.
+        pad_token_id: id written into padding slots (never attended to).
+        autocast_dtype: run the model under ``torch.autocast`` with this dtype.
+
+    Returns:
+        ``{"log_probs": float32 [T], "entropy": float32 [T] (when asked)}``; they
+        carry gradients when grad mode is on.
+    """
+    if not input_ids.is_nested:
+        raise TypeError("input_ids must be a nested-jagged tensor (layout=torch.jagged), one row per sample")
+    offsets = input_ids.offsets()
+    lengths = offsets.diff()
+    batch, max_len = lengths.numel(), int(lengths.max())
+    device = next(model.parameters()).device
+
+    ids = torch.nested.to_padded_tensor(input_ids, pad_token_id, output_size=(batch, max_len)).to(device)
+    valid = torch.arange(max_len, device=device)[None, :] < lengths.to(device)[:, None]
+    if position_ids is None:
+        pos = torch.arange(max_len, device=device).expand(batch, max_len)
+    else:
+        if position_ids.dim() != 2:
+            raise NotImplementedError("the local backend supports 1-D position ids per row (text models) only")
+        pos = torch.nested.to_padded_tensor(position_ids, 0, output_size=(batch, max_len)).to(device)
+
+    ctx = (
+        torch.autocast(device_type=device.type, dtype=autocast_dtype)
+        if autocast_dtype is not None
+        else contextlib.nullcontext()
+    )
+    with ctx:
+        logits = model(input_ids=ids, attention_mask=valid.long(), position_ids=pos, use_cache=False).logits
+    logits = logits[valid].float()  # [T, V], row-major = input_ids.values() order
+
+    temp = torch.as_tensor(temperature, dtype=torch.float32, device=device)
+    if temp.dim() == 0:
+        logits = logits / temp.clamp(min=1e-8)
+    else:
+        logits = logits / temp.clamp(min=1e-8).repeat_interleave(lengths.to(device))[:, None]
+
+    labels = torch.roll(input_ids.values().to(device), shifts=-1, dims=0)
+    is_last = torch.zeros(labels.shape[0], dtype=torch.bool, device=device)
+    is_last[(offsets[1:] - 1).to(device)] = True
+
+    out = {"log_probs": logprobs_from_logits(logits, labels, inplace_backward=False).masked_fill(is_last, 0.0)}
+    if calculate_entropy:
+        grad_ctx = contextlib.nullcontext() if entropy_requires_grad else torch.no_grad()
+        with grad_ctx:
+            src = logits if entropy_requires_grad else logits.detach()
+            out["entropy"] = entropy_from_logits(src).masked_fill(is_last, 0.0)
+    return out
+
+
+def row_slices(lengths: torch.Tensor, *, micro_batch_size: Optional[int], max_token_len: Optional[int]) -> list[slice]:
+    """Contiguous row ranges for forward micro-batches (order is kept, so outputs just concatenate).
+
+    ``max_token_len`` (token budget) takes precedence over ``micro_batch_size``
+    (rows); with neither, one slice covers the batch. A row longer than the
+    budget gets a micro-batch of its own.
+    """
+    n = lengths.numel()
+    if max_token_len:
+        out, start, used = [], 0, 0
+        for i, length in enumerate(lengths.tolist()):
+            if i > start and used + length > max_token_len:
+                out.append(slice(start, i))
+                start, used = i, 0
+            used += length
+        out.append(slice(start, n))
+        return out
+    step = micro_batch_size or n
+    return [slice(i, min(i + step, n)) for i in range(0, n, step)]
+
+
+def jagged_rows(nt: torch.Tensor, rows: slice) -> torch.Tensor:
+    """Rows ``rows`` (a contiguous slice) of an NJT, as a new NJT sharing the values."""
+    offsets = nt.offsets()
+    lo, hi = int(offsets[rows.start]), int(offsets[rows.stop])
+    return torch.nested.nested_tensor_from_jagged(nt.values()[lo:hi], offsets[rows.start : rows.stop + 1] - lo)
+
+
+def get_input_tensors(data: Union[TensorDict, dict]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """``(input_ids, position_ids)`` from a batch, with a clear error when ``input_ids`` is not an NJT."""
+    if "input_ids" not in data.keys():
+        raise KeyError("the batch has no 'input_ids' (expected a nested-jagged tensor, one row per sample)")
+    input_ids = data["input_ids"]
+    if not getattr(input_ids, "is_nested", False):
+        raise TypeError(
+            "batch['input_ids'] must be nested-jagged (verl's left_right_2_no_padding output); got a dense tensor"
+        )
+    position_ids = data["position_ids"] if "position_ids" in data.keys() else None
+    return input_ids, position_ids

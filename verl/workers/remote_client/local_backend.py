@@ -1,0 +1,190 @@
+"""``LocalBackend``: the ``local`` reference backend (``trainer.remote_backend=local``).
+
+A real PyTorch/transformers RL engine behind the ``RemoteBackend`` contract:
+one Ray actor (:class:`~verl.workers.remote_client.local.actor.EngineActor`)
+owns the actor model, its optimizer, an optional frozen reference model and a
+batched KV-cache sampler on one device (CPU by default, one CUDA GPU with
+``remote_backend.local.device=cuda``). This module is only the client: each
+contract method awaits the matching actor method.
+
+Lifecycle: ``from_config(cfg)`` on the Ray driver validates the config, starts
+the actor and waits until the model is loaded (so a bad model path fails
+there); ``reconnect_handle()`` gives forwarders and rollout servers a picklable
+dict to ``from_config(cfg, handle=...)`` with, which only attaches; ``destroy()``
+on the creating client kills the actor, on an attached client drops the
+reference only. Both are idempotent.
+
+Optional capabilities: ``async load_checkpoint(path, step)`` (resume) and a
+``"device"`` entry in ``compute_log_prob`` / ``update_actor`` results.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional
+
+from verl.remote_backend.base import RemoteBackend
+from verl.remote_backend.registry import RemoteBackendRegistry
+
+from .local.config import EngineSettings
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+    from tensordict import TensorDict
+
+__all__ = ["LocalBackend"]
+
+_HANDLE_KIND = "local"
+# Tensor fields the forward pass needs; compute_log_prob ships only these to the engine.
+_FORWARD_KEYS = ("input_ids", "position_ids")
+
+
+@RemoteBackendRegistry.register("local")
+class LocalBackend(RemoteBackend):
+    """Client of one local engine actor. Build with :meth:`from_config`, never directly."""
+
+    def __init__(self, actor: Any, *, owner: bool, info: dict[str, Any]) -> None:
+        self._actor = actor
+        self._owner = owner
+        self._info = dict(info)
+        self._destroyed = False
+
+    # ------------------------------------------------------------ lifecycle
+    @classmethod
+    def from_config(cls, main_config: "DictConfig", *, handle: Optional[dict[str, Any]] = None) -> "LocalBackend":
+        """Start the engine actor (``handle=None``) or attach to the one ``handle`` names.
+
+        Raises:
+            ConfigError: invalid ``remote_backend.local.*`` keys or a missing/invalid
+                ``actor_rollout_ref.model.path`` (checked before the actor starts),
+                or a model the engine cannot load.
+            RuntimeError: Ray is not initialised (the trainer calls ``ray.init`` first).
+            ValueError: ``handle`` is not a local-backend handle.
+        """
+        if handle is not None:
+            if not isinstance(handle, dict) or handle.get("kind") != _HANDLE_KIND or "actor" not in handle:
+                raise ValueError(
+                    "handle is not a local-backend handle (expected the dict from LocalBackend.reconnect_handle())"
+                )
+            return cls(handle["actor"], owner=False, info=handle.get("info", {}))
+
+        settings = EngineSettings.from_main_config(main_config)
+        import ray
+
+        from .local.actor import remote_engine_class
+
+        if not ray.is_initialized():
+            raise RuntimeError("LocalBackend.from_config needs a running Ray session: call ray.init() first")
+        cfg = settings.backend
+        options: dict[str, Any] = {"num_cpus": cfg.num_cpus, "max_concurrency": 1000}
+        if cfg.device == "cuda":
+            options["num_gpus"] = 1
+        actor = remote_engine_class().options(**options).remote(settings)
+        try:
+            info = ray.get(actor.info.remote())
+        except ray.exceptions.RayActorError as exc:
+            ray.kill(actor, no_restart=True)
+            cause = getattr(exc, "cause", None) or getattr(exc, "error_msg", None)
+            if isinstance(cause, BaseException):
+                raise cause from exc
+            raise RuntimeError(f"the local backend engine failed to start: {exc}") from exc
+        return cls(actor, owner=True, info=info)
+
+    def reconnect_handle(self) -> dict[str, Any]:
+        """``{"kind": "local", "actor": <Ray actor handle>, "info": {...}}`` - picklable."""
+        if self._destroyed:
+            raise RuntimeError("this LocalBackend was destroyed; it has no engine to reconnect to")
+        return {"kind": _HANDLE_KIND, "actor": self._actor, "info": dict(self._info)}
+
+    def destroy(self) -> None:
+        """Kill the engine if this client created it; otherwise only forget it. Idempotent."""
+        if self._destroyed:
+            return
+        self._destroyed = True
+        actor, self._actor = self._actor, None
+        if self._owner and actor is not None:
+            import ray
+
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # already dead, or Ray shut down: nothing left to release
+                pass
+
+    def requires_single_forwarder(self) -> bool:
+        return True
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """Engine facts captured at start: model path, device, max_model_len, eos/pad ids, ..."""
+        return dict(self._info)
+
+    # ------------------------------------------------------------ data path
+    async def compute_log_prob(
+        self,
+        data: "TensorDict",
+        *,
+        ref: bool,
+        calculate_entropy: bool,
+        rollout_n: int,
+        temperature: float,
+        pad_token_id: int,
+    ) -> dict[str, Any]:
+        keys = [k for k in _FORWARD_KEYS if k in data.keys()]
+        return await _unwrap(
+            self._live().compute_log_prob.remote(
+                data.select(*keys), ref=ref, calculate_entropy=calculate_entropy, temperature=temperature
+            )
+        )
+
+    async def update_actor(
+        self,
+        data: "TensorDict",
+        *,
+        actor_config: Any,
+        pad_token_id: int,
+        rollout_n: int,
+        temperature: float,
+    ) -> dict[str, Any]:
+        from .local.objective import to_actor_config
+
+        cfg = to_actor_config(actor_config)  # config errors surface here, before data travels
+        return await _unwrap(self._live().update_actor.remote(data, actor_config=cfg, temperature=temperature))
+
+    async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any]) -> dict[str, Any]:
+        return await _unwrap(self._live().generate.remote(list(prompt_ids), dict(sampling_params or {})))
+
+    async def update_weights(self) -> dict[str, Any]:
+        return await _unwrap(self._live().update_weights.remote())
+
+    async def save_checkpoint(self, path: Optional[str] = None, step: Optional[int] = None) -> Optional[str]:
+        if path is None:
+            raise ValueError("the local backend needs a checkpoint directory: save_checkpoint(path, step)")
+        return await _unwrap(self._live().save_checkpoint.remote(path, step))
+
+    async def load_checkpoint(self, path: str, step: Optional[int] = None) -> None:
+        """Resume: restore model, optimizer, LR schedule, RNG and counters from ``path``."""
+        await _unwrap(self._live().load_checkpoint.remote(path, step))
+
+    async def engine_info(self) -> dict[str, Any]:
+        """Live engine status (policy_version, optimizer_steps, pid, batches_run, ...)."""
+        return await _unwrap(self._live().info.remote())
+
+    def _live(self) -> Any:
+        if self._destroyed or self._actor is None:
+            raise RuntimeError("this LocalBackend was destroyed; create or re-attach a new one")
+        return self._actor
+
+
+async def _unwrap(ref: Any) -> Any:
+    """Await a Ray call; re-raise the engine's own user-facing error (bad input, config,
+    checkpoint) instead of Ray's wrapper, so callers see e.g. a plain ``ValueError``."""
+    import ray
+
+    try:
+        return await ref
+    except ray.exceptions.RayTaskError as exc:
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, (ValueError, KeyError, TypeError, RuntimeError)) and not isinstance(
+            cause, ray.exceptions.RayError
+        ):
+            raise cause from None
+        raise
