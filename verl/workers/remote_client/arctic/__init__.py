@@ -1,6 +1,8 @@
 """Helpers of the ``arctic`` backend (``verl.workers.remote_client.arctic_rl_client``).
 
 ``payload``: pure tensor mapping between verl's batch layout and Arctic's dense one.
+``bodies``: Arctic request bodies (batch, meta, processing) built from verl batches.
+``launcher``: starting and stopping a local Arctic RL server process.
 ``config``: the typed ``remote_backend.arctic`` config and its mapping to Arctic's client config.
 ``errors``: error translation and response validation.
 

@@ -1,0 +1,173 @@
+"""Build Arctic RL request bodies from verl's batches (pure; no network).
+
+Arctic's training endpoints take ``{"batch": {dense [B, S] tensors}, "meta":
+{JSON scalars}, "processing": {"post": [...], "loss_fn": ...}}``. This module
+assembles those bodies with the mapping functions of :mod:`.payload`; the
+adapter sends them. See :mod:`.payload` for the layouts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterator, Optional
+
+import torch
+
+from verl.workers.remote_client.arctic.payload import (
+    PayloadError,
+    minibatch_indices,
+    njt_to_dense,
+    response_to_full,
+    to_json_safe,
+)
+
+if TYPE_CHECKING:
+    from tensordict import TensorDict
+
+    from verl.workers.remote_client.arctic.config import ArcticConfig
+
+__all__ = ["FORWARD_PROCESSING", "forward_processing", "update_processing", "base_meta", "dense_batch", "update_minibatches"]
+
+# Temperature first (verl divides logits by it before the softmax), then
+# log-probs/entropy with the server's predict-next labels.
+FORWARD_PROCESSING = {"post": ["apply_temperature", "compute_entropy_and_logprobs"], "loss_fn": None}
+
+# Per-token response tensors the server's loss reads, sent full-width [B, S].
+_RESPONSE_KEYS = ("response_mask", "old_log_probs", "advantages", "ref_log_prob", "rollout_is_weights")
+
+
+def forward_processing() -> dict:
+    return {"post": list(FORWARD_PROCESSING["post"]), "loss_fn": None}
+
+
+def update_processing(loss_fn: str) -> dict:
+    return {"post": list(FORWARD_PROCESSING["post"]), "loss_fn": loss_fn}
+
+
+def _non_tensor(data: "TensorDict", key: str, default: Any = None) -> Any:
+    from verl.utils import tensordict_utils as tu
+
+    return tu.get(data, key, default=default)
+
+
+def _dense_field(data: "TensorDict", key: str) -> torch.Tensor:
+    if key not in data.keys():
+        raise PayloadError(f"the batch verl sent lacks {key!r} (keys: {sorted(data.keys())})")
+    value = data[key]
+    if getattr(value, "is_nested", False):
+        raise PayloadError(f"{key}: expected a dense padded tensor, got a nested-jagged one")
+    return value
+
+
+def base_meta(
+    arctic: "ArcticConfig",
+    *,
+    rollout_n: int,
+    temperature: float,
+    calculate_entropy: bool,
+    pad_token_id: int,
+    max_prompt_len: int,
+    max_response_len: int,
+    max_token_len_per_gpu: int,
+) -> dict:
+    """``meta`` scalars shared by every forward / forward-backward call."""
+    return {
+        "rollout_n": int(rollout_n),
+        "temperature": float(temperature),
+        "calculate_entropy": bool(calculate_entropy),
+        "pad_token_id": int(pad_token_id),
+        "max_prompt_len": int(max_prompt_len),
+        "max_response_len": int(max_response_len),
+        "max_token_len_per_gpu": int(max_token_len_per_gpu),
+        "drop_position_ids": bool(arctic.drop_position_ids),
+        "zorro_train_enable": bool(arctic.zorro.train),
+        "zorro_train_max_rollouts": int(arctic.zorro.max_rollouts or rollout_n),
+        "load_balancer": bool(arctic.zorro.load_balancer),
+        "logits_optimization": arctic.logits.optimization,
+        "logits_optimization_peak_mem_size_in_gib": float(arctic.logits.peak_mem_gib),
+        "logits_compute_in_fp32": bool(arctic.logits.compute_in_fp32),
+    }
+
+
+def dense_batch(data: "TensorDict", *, pad_token_id: int, drop_position_ids: bool) -> dict[str, torch.Tensor]:
+    """The model inputs of a forward call: ``input_ids``/``attention_mask``/``prompts`` ``[B, S]``/``[B, P]``.
+
+    ``position_ids`` are included only when ``drop_position_ids`` is false (the
+    server otherwise rebuilds them as ``cumsum(attention_mask) - 1``, which is
+    what verl uses for text models).
+    """
+    mask = _dense_field(data, "attention_mask")
+    prompts = _dense_field(data, "prompts")
+    if "input_ids" not in data.keys():
+        raise PayloadError("the batch verl sent lacks 'input_ids'")
+    if mask.dim() != 2 or prompts.dim() != 2 or mask.shape[0] != prompts.shape[0] or mask.shape[1] < prompts.shape[1]:
+        raise PayloadError(
+            f"attention_mask {tuple(mask.shape)} and prompts {tuple(prompts.shape)} are not [B, P + R] and [B, P]"
+        )
+    batch = {
+        "input_ids": njt_to_dense(data["input_ids"], mask, pad_token_id, name="input_ids"),
+        "attention_mask": mask,
+        "prompts": prompts,
+    }
+    if not drop_position_ids:
+        batch["position_ids"] = njt_to_dense(data["position_ids"], mask, 0, name="position_ids")
+    return batch
+
+
+@dataclass
+class MiniBatch:
+    """One PPO mini-batch ready to send: ``rows`` index the global batch."""
+
+    rows: torch.Tensor
+    body: dict
+
+
+def update_minibatches(
+    data: "TensorDict",
+    *,
+    arctic: "ArcticConfig",
+    actor_config: Any,
+    meta: dict,
+    pad_token_id: int,
+    use_kl_loss: bool,
+    mini_batch_size: int,
+    epochs: int,
+    seed: Optional[int],
+    dataloader_kwargs: Optional[dict],
+) -> Iterator[MiniBatch]:
+    """Split verl's update batch into Arctic ``fwd_bwd`` bodies, one per PPO mini-batch.
+
+    Order and membership of the mini-batches follow verl's actor
+    (:func:`.payload.minibatch_indices`). Per-token response tensors go
+    full-width (:func:`.payload.response_to_full`), ``loss_mask`` =
+    ``response_mask``. ``meta`` gains ``global_batch_size`` (samples per
+    mini-batch), ``batch_num_tokens`` (response tokens in this mini-batch),
+    ``actor_config`` and ``policy_loss_config`` (JSON) for the server's loss.
+    """
+    full = dense_batch(data, pad_token_id=pad_token_id, drop_position_ids=arctic.drop_position_ids)
+    prompt_width = full["prompts"].shape[1]
+    full["responses"] = _dense_field(data, "responses")
+    for key in _RESPONSE_KEYS:
+        if key == "ref_log_prob" and not use_kl_loss:
+            continue
+        if key == "rollout_is_weights" and key not in data.keys():
+            continue
+        value = _dense_field(data, key)
+        if value.dim() != 2 or tuple(value.shape) != tuple(full["responses"].shape):
+            raise PayloadError(f"{key}: expected shape {tuple(full['responses'].shape)} (= responses), got {tuple(value.shape)}")
+        full[key] = response_to_full(value, prompt_width, name=key)
+    full["loss_mask"] = full["response_mask"]
+
+    actor_json = to_json_safe(actor_config) or {}
+    policy_loss_json = actor_json.get("policy_loss") or {}
+    batch_size = full["input_ids"].shape[0]
+    for rows in minibatch_indices(batch_size, mini_batch_size, epochs, seed, dataloader_kwargs):
+        chunk = {k: v.index_select(0, rows) for k, v in full.items()}
+        mb_meta = dict(meta)
+        mb_meta.update(
+            global_batch_size=int(rows.numel()),
+            batch_num_tokens=int(chunk["response_mask"].sum()),
+            actor_config=actor_json,
+            policy_loss_config=policy_loss_json,
+        )
+        yield MiniBatch(rows=rows, body={"batch": chunk, "meta": mb_meta})

@@ -1,0 +1,120 @@
+"""Start and stop an Arctic RL HTTP server as a child process of the backend.
+
+Used when ``remote_backend.arctic.launch_server=true``. We launch the server
+ourselves instead of through the Arctic client's own launcher because that one
+binds ``0.0.0.0``; here the server binds ``remote_backend.arctic.host``
+(127.0.0.1 by default). The command line is the real server's
+(``python -m arctic_platform.common.http_server --host --port --training-gpus
+--sampling-gpus --log-prob-gpus --log-prob-engine [--colocate]``), so any server
+speaking that CLI (the CPU stand-in of the tests too) can be launched.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Optional, Sequence
+
+from verl.workers.remote_client.arctic.errors import ArcticUnreachableError, probe_health
+
+__all__ = ["ServerProcess", "launch_server"]
+
+DEFAULT_SERVER_MODULE = "arctic_platform.common.http_server"
+
+
+class ServerProcess:
+    """A launched server: its ``Popen``, address and log file; :meth:`stop` is idempotent."""
+
+    def __init__(self, proc: subprocess.Popen, address: str, log_path: str) -> None:
+        self.proc = proc
+        self.address = address
+        self.log_path = log_path
+        atexit.register(self.stop)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """SIGTERM the server's process group, SIGKILL after ``timeout_s``."""
+        if self.proc.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                return
+            try:
+                self.proc.wait(timeout=wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def tail(self, n: int = 20) -> str:
+        try:
+            with open(self.log_path, errors="replace") as fh:
+                return "".join(fh.readlines()[-n:])
+        except OSError:
+            return ""
+
+
+def launch_server(
+    *,
+    host: str,
+    port: int,
+    training_gpus: int,
+    sampling_gpus: int,
+    log_prob_gpus: int,
+    colocate: bool,
+    command: Optional[Sequence[str]] = None,
+    startup_timeout_s: float = 600.0,
+    log_dir: Optional[str] = None,
+) -> ServerProcess:
+    """Start the server and wait until ``/health`` answers.
+
+    The child runs in its own process session (so :meth:`ServerProcess.stop`
+    also ends the workers it spawns) and logs to ``<log_dir>/arctic_server_<port>.log``.
+
+    Raises:
+        ArcticUnreachableError: the server exited or stayed unhealthy for
+            ``startup_timeout_s``; the message quotes the log's tail and path.
+    """
+    argv = list(command) if command else [sys.executable, "-m", DEFAULT_SERVER_MODULE]
+    argv += [
+        "--host", str(host),
+        "--port", str(port),
+        "--training-gpus", str(training_gpus),
+        "--sampling-gpus", str(sampling_gpus),
+        "--log-prob-gpus", str(log_prob_gpus),
+        "--log-prob-engine", "deepspeed",
+    ]  # fmt: skip
+    if colocate:
+        argv.append("--colocate")
+    log_dir = log_dir or tempfile.gettempdir()
+    os.makedirs(log_dir, exist_ok=True)
+    log_path = os.path.join(log_dir, f"arctic_server_{port}.log")
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    server = ServerProcess(proc, f"{host}:{port}", log_path)
+    deadline = time.monotonic() + float(startup_timeout_s)
+    while True:
+        if not server.alive():
+            raise ArcticUnreachableError(
+                f"Arctic RL server launched at {server.address} exited with code {proc.returncode} before becoming "
+                f"healthy; log {log_path}:\n{server.tail()}"
+            )
+        left = deadline - time.monotonic()
+        try:
+            probe_health(host, port, timeout_s=max(0.1, min(2.0, left)))
+            return server
+        except ArcticUnreachableError:
+            if time.monotonic() >= deadline:
+                server.stop()
+                raise ArcticUnreachableError(
+                    f"Arctic RL server launched at {server.address} was not healthy within {startup_timeout_s}s "
+                    f"(remote_backend.arctic.startup_timeout_s); log {log_path}:\n{server.tail()}"
+                ) from None

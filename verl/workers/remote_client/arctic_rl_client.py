@@ -1,0 +1,415 @@
+"""The ``arctic`` remote backend: verl's RemoteBackend on the published Arctic RL client.
+
+Wraps ``arctic_platform.client`` (``arctic-platform`` 0.1.4), which talks to an
+Arctic RL server (DeepSpeed training + vLLM sampling) over HTTP or Ray:
+
+=====================  ==========================================================
+RemoteBackend          Arctic client calls (HTTP endpoint)
+=====================  ==========================================================
+compute_log_prob       ``fwd_no_grad`` (POST /forward; training or log-prob job)
+update_actor           per PPO mini-batch: ``fwd_bwd`` (/forward-backward) + ``step`` (/step)
+generate               ``generate`` (/generate; text prompts, token ids back)
+update_weights         ``sync_weights`` (/wake-inference, /operation weight-sync, ...)
+save_checkpoint        ``save_checkpoint(path, step)`` (/save)
+load_checkpoint        ``load_checkpoint(path, step)`` (/load-checkpoint) + weight sync
+from_config/destroy    job creation (/initialize) and teardown (/destroy)
+=====================  ==========================================================
+
+Transports: ``protocol=http`` uses the client's blocking frontend
+(``ArcticRLClient``) on a private thread pool, because its ``requests``
+transport keeps the server's error body (the ``aiohttp`` one of the async
+frontend drops it, and the server's ``detail`` belongs in our errors);
+``protocol=ray`` awaits ``AsyncArcticRLClient`` directly. Either way the calling
+event loop never blocks. Payload mapping is in :mod:`.arctic.payload` /
+:mod:`.arctic.bodies`, config in :mod:`.arctic.config`.
+
+This module is imported only by ``RemoteBackendRegistry.get("arctic")``; it is
+the only one that imports ``arctic_platform``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Optional
+
+import arctic_platform.client as arctic_client  # noqa: F401  (fails early with the registry's install hint)
+
+from verl.remote_backend.base import BackendDevice, RemoteBackend
+from verl.remote_backend.registry import RemoteBackendRegistry
+from verl.workers.remote_client.arctic import bodies
+from verl.workers.remote_client.arctic.config import (
+    ArcticConfig,
+    ConfigError,
+    build_client_config,
+    check_loss_compatibility,
+    load_arctic_config,
+    needs_reference,
+    resolved_log_prob_gpus,
+)
+from verl.workers.remote_client.arctic.errors import (
+    ArcticResponseError,
+    PromptRoundTripError,
+    probe_health,
+    require,
+    require_tensor,
+    translate_error,
+)
+from verl.workers.remote_client.arctic.launcher import ServerProcess, launch_server
+from verl.workers.remote_client.arctic.payload import dense_to_packed, map_step_metrics, aggregate_update_metrics, reduce_metric
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+    from tensordict import TensorDict
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ArcticBackend"]
+
+
+@RemoteBackendRegistry.register("arctic")
+class ArcticBackend(RemoteBackend):
+    """verl <-> Arctic RL server. Build with :meth:`from_config` only."""
+
+    def __init__(
+        self,
+        main_config: "DictConfig",
+        cfg: ArcticConfig,
+        client: Any,
+        *,
+        owner: bool,
+        server: Optional[ServerProcess] = None,
+        server_state: Any = None,
+    ) -> None:
+        self._main = main_config
+        self.cfg = cfg
+        self._client = client
+        self._owner = owner
+        self._server = server
+        self._server_state = server_state
+        self._sync = cfg.protocol == "http"
+        self._address = f"{cfg.host}:{cfg.port}"
+        self._executor: Optional[ThreadPoolExecutor] = None
+        self._tokenizer = None
+        self._sampler_awake = True
+        self._policy_version = 0
+        self._log_prob_gpus = resolved_log_prob_gpus(main_config, cfg)
+
+    # ------------------------------------------------------------ lifecycle
+    @classmethod
+    def from_config(cls, main_config: "DictConfig", *, handle: Optional[dict[str, Any]] = None) -> "ArcticBackend":
+        """Create Arctic's jobs (driver) or re-attach to them (``handle`` from :meth:`reconnect_handle`).
+
+        Creating: validates the config and the loss, launches the server when
+        ``launch_server`` (HTTP), checks ``/health`` within ``connect_timeout_s``
+        and creates the training, sampling and (when needed) log-prob jobs.
+        Re-attaching reuses the job ids in the handle and creates nothing.
+        """
+        from arctic_platform.client import ArcticClientConfig, ArcticRLClient, AsyncArcticRLClient
+
+        cfg = load_arctic_config(main_config)
+        server: Optional[ServerProcess] = None
+        if handle is None:
+            problems = check_loss_compatibility(main_config, cfg)
+            if problems:
+                msg = "verl's actor objective differs from Arctic's server loss: " + "; ".join(problems)
+                if cfg.strict_loss_check:
+                    raise ConfigError(msg + ". Fix the actor config or set remote_backend.arctic.strict_loss_check=false.")
+                logger.warning(msg)
+            client_cfg = build_client_config(main_config, cfg)
+            if cfg.protocol == "http" and cfg.launch_server:
+                server = launch_server(
+                    host=cfg.host,
+                    port=cfg.port,
+                    training_gpus=client_cfg.training_gpus,
+                    sampling_gpus=client_cfg.sampling_gpus,
+                    log_prob_gpus=client_cfg.log_prob_gpus,
+                    colocate=cfg.colocate,
+                    command=cfg.launch_command,
+                    startup_timeout_s=cfg.startup_timeout_s,
+                    log_dir=client_cfg.training.checkpoint_path,
+                )
+            server_state = None
+        else:
+            client_cfg = ArcticClientConfig.model_validate(handle["client_config"])
+            server_state = handle.get("server_state")
+        try:
+            if cfg.protocol == "http":
+                probe_health(cfg.host, cfg.port, cfg.connect_timeout_s)
+                client = ArcticRLClient(client_cfg)
+            else:
+                client = AsyncArcticRLClient(client_cfg, server_state=server_state)
+        except Exception as exc:
+            if server is not None:
+                server.stop()
+            raise translate_error(exc, op="initialize", address=f"{cfg.host}:{cfg.port}") from exc
+        if handle is None and cfg.protocol == "ray":
+            server_state = client.get_server_state()
+        return cls(main_config, cfg, client, owner=handle is None, server=server, server_state=server_state)
+
+    def reconnect_handle(self) -> dict[str, Any]:
+        """Job ids + connection settings (JSON) and, for Ray, the server-state actor handle."""
+        return {
+            "backend": "arctic",
+            "client_config": self._live_client().reconnect_config().model_dump(mode="json"),
+            "server_state": self._server_state,
+        }
+
+    async def destroy(self) -> None:
+        """Owner: destroy Arctic's jobs and stop a launched server. Re-attached: close the connection only."""
+        client, self._client = self._client, None
+        if client is not None:
+            try:
+                if self._owner:
+                    if self._sync:
+                        await asyncio.get_running_loop().run_in_executor(None, client.shutdown)
+                    else:
+                        await client.shutdown()
+                elif self._sync:
+                    client.transport.session.close()
+                else:
+                    await client.transport.aclose()
+            except Exception as exc:  # destroy runs in `finally` blocks: report, do not mask the first error
+                logger.warning("arctic: tearing down the client failed: %s", translate_error(exc, op="destroy", address=self._address))
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+
+    def requires_single_forwarder(self) -> bool:
+        return True  # Arctic owns training/sampling parallelism; verl runs one CPU forwarder
+
+    # ------------------------------------------------------------ data path
+    async def compute_log_prob(
+        self,
+        data: "TensorDict",
+        *,
+        ref: bool,
+        calculate_entropy: bool,
+        rollout_n: int,
+        temperature: float,
+        pad_token_id: int,
+    ) -> dict[str, Any]:
+        """``fwd_no_grad`` on the training job (actor) or the log-prob job (``ref``); packed ``[T]`` back."""
+        op = "compute_ref_log_prob" if ref else "compute_log_prob"
+        if ref and self._log_prob_gpus == 0:
+            raise ConfigError("reference log-probs were requested but remote_backend.arctic.log_prob_gpus=0")
+        batch = bodies.dense_batch(data, pad_token_id=pad_token_id, drop_position_ids=self.cfg.drop_position_ids)
+        mask = batch["attention_mask"]
+        meta = self._meta(data, rollout_n, temperature, calculate_entropy, pad_token_id)
+        await self._sleep_sampler()
+        resp = await self._call(
+            "fwd_no_grad", {"batch": batch, "meta": meta}, processing=bodies.forward_processing(), reference_model=ref, op=op
+        )
+        out = require(resp, "batch", op=op)
+        model_output = {"log_probs": self._packed(out, "logprobs", mask, op)}
+        if calculate_entropy:
+            model_output["entropy"] = self._packed(out, "entropy", mask, op)
+        metrics = map_step_metrics({k: v for k, v in (resp.get("metrics") or {}).items() if k != "loss"})
+        count = self._log_prob_gpus if ref else self.cfg.training_gpus
+        return {"model_output": model_output, "metrics": metrics, "device": self._device(count)}
+
+    async def update_actor(
+        self, data: "TensorDict", *, actor_config: Any, pad_token_id: int, rollout_n: int, temperature: float
+    ) -> dict[str, Any]:
+        """verl's PPO loop on Arctic: one ``fwd_bwd`` + ``step`` per mini-batch, epochs x mini-batches."""
+        op = "update_actor"
+        get = functools.partial(_get, actor_config)
+        mini = bodies._non_tensor(data, "mini_batch_size", None) or int(get("ppo_mini_batch_size", 1)) * int(rollout_n)
+        epochs = int(bodies._non_tensor(data, "epochs", None) or get("ppo_epochs", 1))
+        seed = bodies._non_tensor(data, "seed", None)
+        seed = int(get("data_loader_seed", 42) if seed is None else seed)
+        loader_kwargs = bodies._non_tensor(data, "dataloader_kwargs", None) or {"shuffle": bool(get("shuffle", False))}
+        entropy = bodies._non_tensor(data, "calculate_entropy", None)
+        entropy = bool(float(get("entropy_coeff", 0.0) or 0.0) != 0.0 if entropy is None else entropy)
+        meta = self._meta(data, rollout_n, temperature, entropy, pad_token_id)
+        minibatches = bodies.update_minibatches(
+            data,
+            arctic=self.cfg,
+            actor_config=actor_config,
+            meta=meta,
+            pad_token_id=pad_token_id,
+            use_kl_loss=bool(get("use_kl_loss", False)),
+            mini_batch_size=int(mini),
+            epochs=epochs,
+            seed=seed,
+            dataloader_kwargs=dict(loader_kwargs),
+        )
+        await self._sleep_sampler()
+        losses, per_mb = [], []
+        processing = bodies.update_processing(self.cfg.loss_fn)
+        for mb in minibatches:
+            fb = await self._call("fwd_bwd", mb.body, processing=processing, op=f"{op} (forward-backward)")
+            st = await self._call("step", op=f"{op} (optimizer step)")
+            fb_metrics = require(fb, "metrics", op=op, where="forward-backward response", kind=dict)
+            loss = reduce_metric(fb_metrics.get("loss", fb.get("avg_loss")))
+            if loss is None:
+                raise ArcticResponseError(f"Arctic {op}: forward-backward response has neither metrics.loss nor avg_loss")
+            losses.append(loss)
+            step_metrics = require(st, "metrics", op=op, where="step response", kind=dict)
+            per_mb.append({**map_step_metrics(fb_metrics), **map_step_metrics(step_metrics)})
+        return {
+            "loss": float(sum(losses)),
+            "metrics": aggregate_update_metrics(per_mb),
+            "global_token_num": data["input_ids"].offsets().diff().tolist(),
+            "device": self._device(self.cfg.training_gpus),
+        }
+
+    async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any]) -> dict[str, Any]:
+        """One sample through Arctic's text-prompt ``/generate``; token ids in, token ids out.
+
+        The prompt is decoded to text and the decode is proven to re-tokenize to
+        the same ids (as the server tokenizes it) before sending; otherwise
+        :class:`PromptRoundTripError`. The completion comes back as the sampler's
+        own ``token_ids``, never re-tokenized.
+        """
+        ids = [int(t) for t in prompt_ids]
+        text = self._roundtrip_text(ids)
+        want_logprobs = bool(sampling_params.get("logprobs", False))
+        params = {
+            "max_tokens": int(sampling_params["max_tokens"]),
+            "temperature": float(sampling_params.get("temperature", 1.0)),
+            "top_p": float(sampling_params.get("top_p", 1.0)),
+            "top_k": int(sampling_params.get("top_k", -1) or -1),
+            "logprobs": 0 if want_logprobs else None,
+        }
+        if sampling_params.get("repetition_penalty") is not None:
+            params["repetition_penalty"] = float(sampling_params["repetition_penalty"])
+        results = await self._call("generate", [text], params, op="generate")
+        if not isinstance(results, list) or len(results) != 1:
+            raise ArcticResponseError(f"Arctic generate: expected a list with 1 result, got {type(results).__name__} {results!r:.200}")
+        result = results[0]
+        token_ids = require(result, "token_ids", op="generate", where="generate result", kind=list)
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in token_ids):
+            raise ArcticResponseError("Arctic generate: generate result.token_ids must be a list of ints")
+        log_probs = _sampled_logprobs(result, token_ids) if want_logprobs else None
+        finish = result.get("finish_reason")
+        return {"token_ids": token_ids, "log_probs": log_probs, "stop_reason": "aborted" if finish == "abort" else "completed"}
+
+    async def update_weights(self) -> dict[str, Any]:
+        """``sync_weights``: wakes the sampler, pushes the trained weights, resets its prefix cache."""
+        await self._call("sync_weights", op="update_weights")
+        self._sampler_awake = True
+        self._policy_version += 1
+        return {"policy_version": self._policy_version}
+
+    async def save_checkpoint(self, path: Optional[str] = None, step: Optional[int] = None) -> Optional[str]:
+        """DeepSpeed checkpoint (weights, optimizer, scheduler, step) in ``<path>/checkpoint-<step>``."""
+        resp = await self._call("save_checkpoint", path=path, step=step, export_hf=self.cfg.export_hf, op="save_checkpoint")
+        return resp.get("path") if isinstance(resp, dict) else None
+
+    async def load_checkpoint(self, path: Optional[str] = None, step: Optional[int] = None) -> None:
+        """Restore ``<path>/checkpoint-<step>`` (or ``<path>``'s ``latest``), then sync the sampler."""
+        resp = await self._call("load_checkpoint", path, step=step, op="load_checkpoint")
+        if isinstance(resp, dict) and step is not None and resp.get("global_step") is not None:
+            logger.info("arctic: restored %s (engine step %s)", resp.get("path"), resp.get("global_step"))
+        await self.update_weights()
+
+    # ------------------------------------------------------------ helpers
+    def _live_client(self) -> Any:
+        if self._client is None:
+            raise RuntimeError("the arctic backend was destroyed")
+        return self._client
+
+    async def _call(self, method: str, *args: Any, op: str, **kwargs: Any) -> Any:
+        """Run ``client.<method>`` without blocking the loop; translate failures."""
+        fn = getattr(self._live_client(), method)
+        try:
+            if self._sync:
+                if self._executor is None:
+                    self._executor = ThreadPoolExecutor(self.cfg.generate.max_concurrency + 1, thread_name_prefix="arctic")
+                call = functools.partial(fn, *args, **kwargs)
+                return await asyncio.get_running_loop().run_in_executor(self._executor, call)
+            return await fn(*args, **kwargs)
+        except Exception as exc:
+            raise translate_error(exc, op=op, address=self._address, timeout_s=self.cfg.request_timeout_s) from exc
+
+    async def _sleep_sampler(self) -> None:
+        """Colocated: free the sampler's GPU memory before training work (update_weights wakes it)."""
+        if self.cfg.colocate and self.cfg.weight_sync.sleep_sampler_during_training and self._sampler_awake:
+            await self._call("sleep_inference", level=1, op="sleep_inference")
+            self._sampler_awake = False
+
+    def _meta(self, data: "TensorDict", rollout_n: int, temperature: float, entropy: bool, pad_token_id: int) -> dict:
+        prompts, responses = data["prompts"], data["attention_mask"]
+        return bodies.base_meta(
+            self.cfg,
+            rollout_n=rollout_n,
+            temperature=temperature,
+            calculate_entropy=entropy,
+            pad_token_id=pad_token_id,
+            max_prompt_len=prompts.shape[1],
+            max_response_len=responses.shape[1] - prompts.shape[1],
+            max_token_len_per_gpu=int(_get(self._main, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", 16384)),
+        )
+
+    def _packed(self, out: dict, key: str, mask: Any, op: str) -> Any:
+        dense = require_tensor(out, key, tuple(mask.shape), op=op)
+        try:
+            return dense_to_packed(dense, mask, name=f"response.batch.{key}")
+        except ValueError as exc:
+            raise ArcticResponseError(f"Arctic {op}: {exc}") from exc
+
+    def _device(self, count: int) -> dict:
+        d = self.cfg.device
+        return BackendDevice(type=d.type, count=max(1, int(count)), peak_flops=d.peak_flops, name=d.name).to_dict()
+
+    def _roundtrip_text(self, ids: list[int]) -> str:
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            model = "actor_rollout_ref.model"
+            path = _get(self._main, f"{model}.tokenizer_path", None) or _get(self._main, f"{model}.path", None)
+            trust = bool(_get(self._main, f"{model}.trust_remote_code", False))
+            self._tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust)
+        tok = self._tokenizer
+        text = tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        again = tok(text, add_special_tokens=self.cfg.generate.add_special_tokens)["input_ids"]
+        if again != ids:
+            at = next((i for i, (a, b) in enumerate(zip(ids, again)) if a != b), min(len(ids), len(again)))
+            raise PromptRoundTripError(
+                f"Arctic's /generate takes text: prompt ids -> text -> ids is not exact for this tokenizer "
+                f"(first difference at position {at}: {ids[at:at + 4]} became {again[at:at + 4]}; lengths "
+                f"{len(ids)} vs {len(again)}). Check remote_backend.arctic.generate.add_special_tokens or the prompt."
+            )
+        return text
+
+
+def _get(cfg: Any, path: str, default: Any = None) -> Any:
+    """Dotted lookup on an OmegaConf node, a verl config dataclass or a dict."""
+    node = cfg
+    for part in path.split("."):
+        if node is None:
+            return default
+        if isinstance(node, dict) or hasattr(node, "keys") and not hasattr(node, part):
+            try:
+                node = node.get(part, None)
+            except Exception:
+                node = None
+        else:
+            node = getattr(node, part, None)
+    return default if node is None else node
+
+
+def _sampled_logprobs(result: dict, token_ids: list[int]) -> list[float]:
+    """Per-token log-probs of the sampled tokens from a generate result (floats, or vLLM-style dicts)."""
+    raw = result.get("logprobs")
+    if not isinstance(raw, list) or len(raw) != len(token_ids):
+        raise ArcticResponseError(
+            "Arctic generate: log-probs were requested (rollout.calculate_log_probs) but the result's 'logprobs' "
+            f"is {type(raw).__name__} of length {len(raw) if isinstance(raw, list) else 'n/a'}, expected "
+            f"{len(token_ids)} entries"
+        )
+    out = []
+    for tok, entry in zip(token_ids, raw):
+        if isinstance(entry, dict):
+            entry = entry.get(tok, entry.get(str(tok)))
+            entry = entry.get("logprob") if isinstance(entry, dict) else entry
+        if not isinstance(entry, (int, float)):
+            raise ArcticResponseError(f"Arctic generate: log-prob entry for token {tok} is {entry!r}, expected a float")
+        out.append(float(entry))
+    return out
