@@ -1,0 +1,1 @@
+"""Hydra configs of `python -m verl.remote_backend.main_ppo` (a package so ``pkg://`` can find them)."""

@@ -1,0 +1,63 @@
+"""verl's ``TaskRunner`` with the remote-backend trainer, forwarders and CPU pools.
+
+verl's ``TaskRunner.run`` (the Ray actor that builds datasets, tokenizer and
+trainer) instantiates ``RayPPOTrainer`` by its module-global name and offers no
+hook for another class. Rather than copy ``run``, this subclass overrides the
+small ``add_*``/``init_*`` hooks it does offer and, for the duration of
+``run`` only, points that module global at :class:`RemoteBackendTrainer`. The
+runner is a dedicated Ray actor process, so the substitution is invisible to
+anything else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import ray
+
+from verl.remote_backend.cpu_compat import install_flash_attn_fallback
+from verl.remote_backend.trainer import CPUResourcePoolManager, RemoteBackendTrainer, forwarder_role
+from verl.trainer.main_ppo import TaskRunner
+
+__all__ = ["RemoteBackendTaskRunner", "substitute_trainer_class"]
+
+
+@contextlib.contextmanager
+def substitute_trainer_class(trainer_cls: type) -> Iterator[None]:
+    """Make ``verl.trainer.main_ppo.TaskRunner.run`` build ``trainer_cls`` while inside."""
+    import verl.trainer.main_ppo as verl_main_ppo
+
+    original = verl_main_ppo.RayPPOTrainer
+    verl_main_ppo.RayPPOTrainer = trainer_cls
+    try:
+        yield
+    finally:
+        verl_main_ppo.RayPPOTrainer = original
+
+
+class RemoteBackendTaskRunner(TaskRunner):
+    """Runs verl's ``TaskRunner.run`` with remote-backend pieces in place of verl's workers."""
+
+    def add_actor_rollout_worker(self, config: Any):
+        """The actor(+ref) role is the CPU forwarder; no verl engine worker is imported."""
+        from verl.remote_backend.worker import RemoteBackendWorker
+        from verl.single_controller.ray import RayWorkerGroup
+
+        role = forwarder_role(config)
+        self.role_worker_mapping[role] = ray.remote(RemoteBackendWorker)
+        self.mapping[role] = "global_pool"
+        return RemoteBackendWorker, RayWorkerGroup
+
+    def add_critic_worker(self, config: Any) -> None:
+        """Nothing: remote backends have no critic (validation rejects configs that need one)."""
+
+    def init_resource_pool_mgr(self, config: Any) -> CPUResourcePoolManager:
+        """verl's pool spec, served by CPU-only placement groups."""
+        return CPUResourcePoolManager.from_manager(super().init_resource_pool_mgr(config))
+
+    def run(self, config: Any) -> None:
+        install_flash_attn_fallback()
+        with substitute_trainer_class(RemoteBackendTrainer):
+            super().run(config)

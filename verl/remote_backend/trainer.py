@@ -1,0 +1,195 @@
+"""``RemoteBackendTrainer``: verl's ``RayPPOTrainer`` with the compute in a remote backend.
+
+Everything algorithmic stays verl's (data, rewards, advantages, the fit loop,
+checkpoint schedule, metrics). What changes:
+
+1. **Validation first** - the constructor runs
+   :func:`~verl.remote_backend.validation.validate_remote_backend_config`
+   before the parent builds anything.
+2. **CPU-only pools** - :class:`CPUResourcePoolManager` reserves one logical
+   CPU per forwarder and no GPU; ``get_n_gpus()`` reports the forwarder count
+   (>= 1) so verl's throughput metrics stay finite.
+3. **Forwarders** - the actor role runs :class:`~verl.remote_backend.worker.RemoteBackendWorker`.
+4. **One backend** - ``init_workers`` creates it on the driver
+   (``RemoteBackendRegistry.create``), registers the rollout replica bound to
+   its ``reconnect_handle()``, lets verl build workers, replicas and the agent
+   loop, then attaches the forwarders to the same handle.
+5. **Always torn down** - the backend is destroyed in a ``finally`` after
+   ``fit()`` (also when it raises) and when ``init_workers`` fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any, Awaitable, Optional
+
+import ray
+
+from verl.remote_backend.base import RemoteBackend
+from verl.remote_backend.cpu_compat import install_flash_attn_fallback
+from verl.remote_backend.registry import RemoteBackendRegistry
+from verl.remote_backend.validation import (
+    RemoteRunPlan,
+    check_single_forwarder,
+    validate_remote_backend_config,
+)
+from verl.single_controller.ray import RayResourcePool, ResourcePoolManager
+from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+from verl.trainer.ppo.utils import Role, need_reference_policy
+
+__all__ = ["RemoteBackendTrainer", "CPUResourcePoolManager", "forwarder_role"]
+
+logger = logging.getLogger(__name__)
+logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
+
+# Seconds to wait for forwarders/servers to drop their connections at shutdown.
+_DETACH_TIMEOUT_S = 30.0
+
+
+@dataclass
+class CPUResourcePoolManager(ResourcePoolManager):
+    """verl's pool manager with CPU-only bundles (one logical CPU per forwarder, no GPU).
+
+    verl's own manager hard-codes ``use_gpu=True`` and checks GPU counts;
+    forwarders compute nothing, so asking for accelerators would only make
+    Ray wait for devices the backend is using (or that do not exist).
+    """
+
+    def create_resource_pool(self) -> None:
+        for pool_name, process_on_nodes in self.resource_pool_spec.items():
+            self.resource_pool_dict[pool_name] = RayResourcePool(
+                process_on_nodes=process_on_nodes, use_gpu=False, max_colocate_count=1, name_prefix=pool_name
+            )
+
+    def get_n_gpus(self) -> int:
+        """Number of forwarders (>= 1): the divisor of verl's per-device throughput metrics."""
+        return max(1, super().get_n_gpus())
+
+    @classmethod
+    def from_manager(cls, manager: ResourcePoolManager) -> "CPUResourcePoolManager":
+        if isinstance(manager, cls):
+            return manager
+        return cls(resource_pool_spec=dict(manager.resource_pool_spec), mapping=dict(manager.mapping))
+
+
+def forwarder_role(config: Any) -> Role:
+    """The actor role verl's new worker path uses: with a fused reference policy or without."""
+    return Role.ActorRolloutRef if need_reference_policy(config) else Role.ActorRollout
+
+
+def _run_awaitable(awaitable: Awaitable[Any]) -> Any:
+    """Wait for ``awaitable`` from sync code, with or without a running event loop."""
+
+    async def _await() -> Any:
+        return await awaitable
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(_await())
+    box: dict[str, Any] = {}
+
+    def _target() -> None:
+        try:
+            box["value"] = asyncio.run(_await())
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=_target, name="remote-backend-destroy")
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+class RemoteBackendTrainer(RayPPOTrainer):
+    """PPO/GRPO trainer whose actor, reference and sampler live in a ``RemoteBackend``.
+
+    Takes exactly ``RayPPOTrainer``'s arguments. The actor entry of
+    ``role_worker_mapping`` is replaced by the CPU forwarder and the pool
+    manager by :class:`CPUResourcePoolManager`, so it also works when built by
+    verl's own ``TaskRunner`` code path.
+
+    Attributes:
+        plan: the validated :class:`RemoteRunPlan`.
+        backend: the driver's backend instance (``None`` before ``init_workers``
+            and after teardown).
+    """
+
+    def __init__(self, config: Any, tokenizer: Any, role_worker_mapping: dict, resource_pool_manager: Any, **kwargs: Any):
+        plan = validate_remote_backend_config(config)
+        if plan is None:
+            raise ValueError(
+                "RemoteBackendTrainer needs trainer.remote_backend=<name>; with null use verl's RayPPOTrainer"
+            )
+        self.plan: RemoteRunPlan = plan
+        self.backend: Optional[RemoteBackend] = None
+        self._handle: Optional[dict[str, Any]] = None
+        install_flash_attn_fallback()
+
+        from verl.remote_backend.worker import RemoteBackendWorker
+
+        role_worker_mapping = {
+            role: cls
+            for role, cls in role_worker_mapping.items()
+            if role not in (Role.ActorRollout, Role.ActorRolloutRef, Role.Critic, Role.RefPolicy)
+        }
+        role_worker_mapping[forwarder_role(config)] = ray.remote(RemoteBackendWorker)
+        resource_pool_manager = CPUResourcePoolManager.from_manager(resource_pool_manager)
+        resource_pool_manager.mapping.setdefault(forwarder_role(config), "global_pool")
+        super().__init__(config, tokenizer, role_worker_mapping, resource_pool_manager, **kwargs)
+
+    # ------------------------------------------------------------ workers
+    def init_workers(self) -> None:
+        """Create the backend, then verl's workers, replicas and agent loop, wired to it."""
+        from verl.workers.rollout.remote_rollout.replica import register_remote_replica
+
+        try:
+            self.backend = RemoteBackendRegistry.create(self.plan.name, self.config)
+            check_single_forwarder(self.plan.name, bool(self.backend.requires_single_forwarder()), self.config)
+            self._handle = self.backend.reconnect_handle()
+            # The AgentLoopManager is built in this process; bind its replica class to our handle.
+            register_remote_replica(self.config.actor_rollout_ref.rollout.name, self.config, self._handle)
+            super().init_workers()
+            self.actor_rollout_wg.attach_backend(self.config, self._handle)
+        except BaseException:
+            self.destroy_backend()
+            raise
+
+    def fit(self) -> None:
+        """verl's training loop; the backend is destroyed afterwards, whatever happens."""
+        try:
+            super().fit()
+        finally:
+            self.destroy_backend()
+
+    # ------------------------------------------------------------ teardown
+    def destroy_backend(self) -> None:
+        """Detach forwarders and rollout servers, then destroy the backend. Idempotent."""
+        backend, self.backend = self.backend, None
+        if backend is None:
+            return
+        refs = []
+        wg = getattr(self, "actor_rollout_wg", None)
+        if wg is not None:
+            try:
+                refs += list(wg.detach_backend())  # non-blocking: one ref per forwarder
+            except Exception as exc:  # noqa: BLE001 - teardown must reach backend.destroy()
+                logger.warning("Could not detach forwarders from the backend: %s", exc)
+        manager = getattr(self, "async_rollout_manager", None)
+        for replica in getattr(manager, "rollout_replicas", None) or []:
+            refs += [server.destroy.remote() for server in replica.servers]
+        if refs:
+            try:
+                ray.get(refs, timeout=_DETACH_TIMEOUT_S)
+            except Exception as exc:  # noqa: BLE001
+                logger.warning("Detaching from the backend did not finish cleanly: %s", exc)
+        result = backend.destroy()
+        if inspect.isawaitable(result):
+            _run_awaitable(result)

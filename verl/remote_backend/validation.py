@@ -1,0 +1,263 @@
+"""One place that decides whether a composed config can run on a remote backend.
+
+:func:`validate_remote_backend_config` is called by the entry point on the Ray
+driver *before* ``ray.init`` and again by :class:`RemoteBackendTrainer` before
+it creates the backend, so a bad setting fails in seconds, before any worker,
+placement group or engine starts. Every error is a :class:`RemoteBackendConfigError`
+whose message names the offending setting, its value and the fix.
+
+The checks are pure functions of the config (plus, for resume, a look at the
+checkpoint directory); none imports Ray or starts anything. Extend this module
+(not the trainer) when a new rule is needed.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional
+
+from verl.remote_backend.base import RemoteBackend, supports_resume
+from verl.remote_backend.registry import RemoteBackendRegistry
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+__all__ = [
+    "RemoteBackendConfigError",
+    "RemoteRunPlan",
+    "backend_name",
+    "validate_remote_backend_config",
+    "required_ray_cpus",
+    "REMOTE_ROLLOUT_NAME",
+]
+
+#: Rollout name of the replica that forwards ``generate`` to a remote backend.
+REMOTE_ROLLOUT_NAME = "remote"
+
+# Logical Ray CPUs the runner itself holds (verl's TaskRunner asks for one).
+_RUNNER_CPUS = 1
+# Logical CPUs each forwarder's placement-group bundle reserves (see CPUResourcePoolManager).
+FORWARDER_CPUS = 1
+
+
+class RemoteBackendConfigError(ValueError):
+    """A setting that cannot work with ``trainer.remote_backend``; the message names it and the fix."""
+
+
+@dataclass(frozen=True)
+class RemoteRunPlan:
+    """What a valid config resolves to (used by the trainer and the entry point)."""
+
+    backend_cls: type[RemoteBackend]
+    name: str
+    num_forwarders: int
+    num_replicas: int
+    resume_from: Optional[str]
+
+
+def backend_name(config: "DictConfig") -> Optional[str]:
+    """``trainer.remote_backend``, or ``None`` when unset/null (verl's own path)."""
+    trainer = config.get("trainer") or {}
+    name = trainer.get("remote_backend") if hasattr(trainer, "get") else None
+    if name in (None, "", "null", "None"):
+        return None
+    return str(name)
+
+
+def required_ray_cpus(config: "DictConfig") -> int:
+    """Logical Ray CPUs the runner and the forwarder pool reserve (a backend's own actors come on top)."""
+    return _RUNNER_CPUS + FORWARDER_CPUS * _num_forwarders(config)
+
+
+def _num_forwarders(config: "DictConfig") -> int:
+    return int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
+
+
+def _fail(setting: str, value: Any, problem: str, fix: str) -> RemoteBackendConfigError:
+    return RemoteBackendConfigError(f"{setting}={value!r}: {problem}. Fix: {fix}")
+
+
+def _probe_single_forwarder(backend_cls: type[RemoteBackend]) -> Optional[bool]:
+    """``requires_single_forwarder()`` without creating the engine, or ``None`` if unknown.
+
+    The method is an instance method; for almost every backend it returns a
+    constant, so calling it on a bare, un-initialised instance answers the
+    question before anything starts. A backend whose answer depends on its
+    state raises here; the trainer then asks the real instance after creation.
+    """
+    try:
+        probe = object.__new__(backend_cls)
+        answer = backend_cls.requires_single_forwarder(probe)
+    except Exception:  # noqa: BLE001 - any failure just means "ask later"
+        return None
+    return bool(answer) if isinstance(answer, bool) else None
+
+
+def check_single_forwarder(name: str, single: bool, config: "DictConfig") -> None:
+    """Raise when a backend that owns its parallelism would get more than one forwarder."""
+    n = _num_forwarders(config)
+    if single and n != 1:
+        raise _fail(
+            "trainer.n_gpus_per_node * trainer.nnodes",
+            f"{config.trainer.n_gpus_per_node} * {config.trainer.nnodes}",
+            f"backend {name!r} owns all of its parallelism and needs exactly one CPU forwarder, "
+            f"but this asks for {n}",
+            "set trainer.n_gpus_per_node=1 trainer.nnodes=1 (the backend's own GPUs are set under "
+            f"remote_backend.{name}.*)",
+        )
+
+
+def _find_resume_checkpoint(config: "DictConfig") -> Optional[str]:
+    """The checkpoint folder verl's ``_load_checkpoint`` would load, or ``None``."""
+    mode = config.trainer.get("resume_mode", "auto")
+    if mode == "disable":
+        return None
+    if mode == "resume_path":
+        return str(config.trainer.get("resume_from_path"))
+    from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
+
+    folder = config.trainer.default_local_dir
+    if not os.path.isabs(folder):
+        folder = os.path.join(os.getcwd(), folder)
+    return find_latest_ckpt_path(folder)
+
+
+def validate_remote_backend_config(config: "DictConfig", *, check_resume: bool = True) -> Optional[RemoteRunPlan]:
+    """Check every rule a remote-backend run depends on; return the resolved plan.
+
+    Returns ``None`` when ``trainer.remote_backend`` is null (verl's own path,
+    nothing to check). Otherwise resolves the backend class through the registry
+    (unknown names and failing imports raise the registry's own errors, which
+    list the known names / the install command) and checks, in order: worker
+    path, device, rollout name and replica count, single-forwarder constraint,
+    unsupported verl features (critic, reward model, HDFS, non-naive weight
+    sync) and, when ``check_resume``, that a requested resume is possible.
+
+    Raises:
+        RemoteBackendConfigError: the first violated rule.
+        UnknownBackendError, BackendImportError: from the registry.
+    """
+    name = backend_name(config)
+    if name is None:
+        return None
+    backend_cls = RemoteBackendRegistry.get(name)
+    trainer, rollout = config.trainer, config.actor_rollout_ref.rollout
+
+    impl = trainer.get("use_legacy_worker_impl", "auto")
+    if impl != "disable":
+        raise _fail(
+            "trainer.use_legacy_worker_impl",
+            impl,
+            "remote backends plug into verl's new worker path (nested-jagged TensorDict batches) only",
+            "set trainer.use_legacy_worker_impl=disable",
+        )
+    if trainer.get("device", "cuda") != "cpu":
+        raise _fail(
+            "trainer.device",
+            trainer.get("device"),
+            "the verl side of a remote-backend run (driver and forwarders) computes nothing on an accelerator",
+            f"set trainer.device=cpu; the backend's accelerators are configured under remote_backend.{name}.*",
+        )
+
+    allowed_rollout = sorted({REMOTE_ROLLOUT_NAME, name})
+    if rollout.get("name") not in allowed_rollout:
+        raise _fail(
+            "actor_rollout_ref.rollout.name",
+            rollout.get("name"),
+            "generation must go through the backend's sampler",
+            f"set actor_rollout_ref.rollout.name={REMOTE_ROLLOUT_NAME}",
+        )
+    n_fwd = _num_forwarders(config)
+    if n_fwd < 1:
+        raise _fail(
+            "trainer.n_gpus_per_node * trainer.nnodes",
+            n_fwd,
+            "at least one forwarder worker is needed",
+            "set trainer.n_gpus_per_node=1 trainer.nnodes=1",
+        )
+    per_replica = (
+        int(rollout.tensor_model_parallel_size)
+        * int(rollout.get("data_parallel_size", 1))
+        * int(rollout.get("pipeline_model_parallel_size", 1))
+    )
+    num_replicas = n_fwd // per_replica
+    if num_replicas == 0 or n_fwd % per_replica:
+        raise _fail(
+            "actor_rollout_ref.rollout.tensor_model_parallel_size",
+            int(rollout.tensor_model_parallel_size),
+            f"verl builds (forwarders {n_fwd}) // (tensor * data * pipeline parallel size {per_replica}) = "
+            f"{num_replicas} rollout replicas{' (not a whole number)' if n_fwd % per_replica else ''}; "
+            "the backend parallelises sampling itself",
+            "set actor_rollout_ref.rollout.tensor_model_parallel_size=1 (and data/pipeline_model_parallel_size=1)",
+        )
+    single = _probe_single_forwarder(backend_cls)
+    if single:
+        check_single_forwarder(name, True, config)
+
+    from verl.trainer.ppo.utils import need_critic
+
+    if config.critic.get("enable") is True:
+        raise _fail(
+            "critic.enable",
+            True,
+            "remote backends do not provide a critic (value model)",
+            "set critic.enable=null (or false) and use a critic-free estimator such as algorithm.adv_estimator=grpo",
+        )
+    if need_critic(config):
+        raise _fail(
+            "algorithm.adv_estimator",
+            str(config.algorithm.adv_estimator),
+            "this estimator needs a critic (value model), which remote backends do not provide",
+            "use a critic-free estimator, e.g. algorithm.adv_estimator=grpo",
+        )
+    if config.reward.reward_model.get("enable", False):
+        raise _fail(
+            "reward.reward_model.enable",
+            True,
+            "a model-based reward needs GPU workers of verl's own, which a remote-backend run does not start",
+            "set reward.reward_model.enable=false and use a rule-based or custom reward function",
+        )
+    ce_backend = rollout.checkpoint_engine.get("backend", "naive")
+    if ce_backend != "naive":
+        raise _fail(
+            "actor_rollout_ref.rollout.checkpoint_engine.backend",
+            ce_backend,
+            "weights move inside the backend (its update_weights), not through verl's checkpoint engines",
+            "set actor_rollout_ref.rollout.checkpoint_engine.backend=naive",
+        )
+    if trainer.get("default_hdfs_dir") is not None:
+        raise _fail(
+            "trainer.default_hdfs_dir",
+            trainer.default_hdfs_dir,
+            "remote backends write checkpoints to verl's local path only",
+            "set trainer.default_hdfs_dir=null and copy trainer.default_local_dir yourself",
+        )
+    ray_cpus = config.get("ray_kwargs", {}).get("ray_init", {}).get("num_cpus")
+    if ray_cpus is not None and float(ray_cpus) < required_ray_cpus(config):
+        raise _fail(
+            "ray_kwargs.ray_init.num_cpus",
+            ray_cpus,
+            f"the task runner and {n_fwd} forwarder(s) reserve {required_ray_cpus(config)} logical Ray CPUs "
+            "(plus what the backend's own actors ask for); placement groups would wait forever",
+            f"set ray_kwargs.ray_init.num_cpus to at least {required_ray_cpus(config) + 1} "
+            "(logical CPUs may exceed physical cores) or leave it null",
+        )
+
+    resume_from = _find_resume_checkpoint(config) if check_resume else None
+    if resume_from is not None and not supports_resume(backend_cls):
+        raise _fail(
+            "trainer.resume_mode",
+            trainer.resume_mode,
+            f"this run would resume from {resume_from}, but backend {name!r} cannot load checkpoints "
+            "(it has no `async load_checkpoint(path, step)`)",
+            "set trainer.resume_mode=disable to start from scratch, or point trainer.default_local_dir "
+            "at an empty directory",
+        )
+    return RemoteRunPlan(
+        backend_cls=backend_cls,
+        name=name,
+        num_forwarders=n_fwd,
+        num_replicas=num_replicas,
+        resume_from=resume_from,
+    )

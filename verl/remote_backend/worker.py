@@ -1,0 +1,284 @@
+"""The CPU forwarder: a verl ``Worker`` that stands in for the actor/ref workers.
+
+With ``trainer.use_legacy_worker_impl=disable`` verl's trainer drives an
+"actor_rollout(_ref)" worker group through a handful of methods. This worker
+implements exactly those, on CPU, by awaiting the shared :class:`RemoteBackend`
+and converting its answers into what the trainer reads back:
+
+========================  ======================  ==================================
+trainer calls             dispatch                forwards to
+========================  ======================  ==================================
+``init_model``            ONE_TO_ALL              (registers the dispatch meshes)
+``compute_log_prob``      mesh ``actor``          ``backend.compute_log_prob(ref=False)``
+``compute_ref_log_prob``  mesh ``ref``            ``backend.compute_log_prob(ref=True)``
+``update_actor``          mesh ``actor_update``   ``backend.update_actor``
+``update_weights``        ONE_TO_ALL, async       ``backend.update_weights`` (rank 0)
+``save_checkpoint``       ONE_TO_ALL              ``backend.save_checkpoint(path, step)`` (rank 0)
+``load_checkpoint``       ONE_TO_ALL              ``backend.load_checkpoint(path, step)`` (rank 0)
+========================  ======================  ==================================
+
+The backend is attached after the group starts (``attach_backend``, called by
+:class:`RemoteBackendTrainer` with ``reconnect_handle()``); the forwarder never
+creates an engine. Data-path methods are ``async`` so Ray runs this worker as
+an async actor whose event loop stays responsive while a backend call runs.
+Per-token outputs come back packed and are rebuilt as nested tensors; MFU uses
+the token counts, the call's duration and the *backend's* reported devices.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from typing import Any, Optional
+
+from omegaconf import DictConfig
+from tensordict import TensorDict
+
+from verl.remote_backend.base import BackendDevice, RemoteBackend, supports_resume
+from verl.remote_backend.cpu_compat import install_flash_attn_fallback
+from verl.remote_backend.registry import RemoteBackendRegistry
+from verl.remote_backend.worker_utils import (
+    checkpoints_to_prune,
+    compute_mfu,
+    normalise_metrics,
+    packed_to_nested,
+    parse_global_step,
+    sequence_lengths,
+)
+from verl.single_controller.base import Worker
+from verl.single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
+from verl.utils import tensordict_utils as tu
+
+__all__ = ["RemoteBackendWorker"]
+
+logger = logging.getLogger(__name__)
+logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))
+
+install_flash_attn_fallback()
+
+#: Monotonic clock used to time backend calls (a module attribute so tests can pin it).
+_clock = time.perf_counter
+
+
+class RemoteBackendWorker(Worker):
+    """verl actor/ref worker whose compute happens in a remote backend.
+
+    Args:
+        config: verl's ``actor_rollout_ref`` block (what the trainer passes to
+            every actor worker).
+        role: ``"actor_rollout"`` or ``"actor_rollout_ref"`` (the latter when a
+            reference policy is needed).
+    """
+
+    def __init__(self, config: DictConfig, role: str, **kwargs: Any) -> None:
+        Worker.__init__(self)
+        self.config = config
+        self.role = role
+        self._backend: Optional[RemoteBackend] = None
+        self._flops_counter = None
+        self._pad_token_id: int = 0
+        self._device: Optional[BackendDevice] = None
+        self._warned_no_device = False
+        self._saved_checkpoints: list[str] = []
+
+    # ------------------------------------------------------------ set-up
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        """Register the dispatch meshes and load what MFU and padding need (config + tokenizer).
+
+        Every rank is its own data-parallel rank. ``actor``/``ref`` collect from
+        every rank (their outputs are per-sample); ``actor_update`` collects rank
+        0 only, since an update returns one set of metrics for the whole step.
+        """
+        self._register_dispatch_collect_info("actor", dp_rank=self.rank, is_collect=True)
+        self._register_dispatch_collect_info("actor_update", dp_rank=self.rank, is_collect=self.rank == 0)
+        if "ref" in self.role:
+            self._register_dispatch_collect_info("ref", dp_rank=self.rank, is_collect=True)
+
+        from transformers import AutoConfig
+
+        from verl.utils import hf_tokenizer
+        from verl.utils.flops_counter import FlopsCounter
+        from verl.utils.fs import copy_to_local
+
+        model = self.config.model
+        trust = bool(model.get("trust_remote_code", False))
+        local_path = copy_to_local(model.path, use_shm=model.get("use_shm", False))
+        self._flops_counter = FlopsCounter(AutoConfig.from_pretrained(local_path, trust_remote_code=trust))
+        tokenizer = hf_tokenizer(local_path, trust_remote_code=trust)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self._pad_token_id = int(pad) if pad is not None else 0
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def attach_backend(self, main_config: DictConfig, handle: dict[str, Any]) -> None:
+        """Re-attach to the trainer's backend: ``from_config(main_config, handle=handle)``."""
+        name = str(main_config.trainer.remote_backend)
+        self._backend = RemoteBackendRegistry.get(name).from_config(main_config, handle=handle)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    async def detach_backend(self) -> None:
+        """Drop this worker's connection (never the shared engine: the client was re-attached)."""
+        backend, self._backend = self._backend, None
+        if backend is not None:
+            result = backend.destroy()
+            if hasattr(result, "__await__"):
+                await result
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def set_loss_fn(self, loss_fn: Any) -> None:
+        """No-op: the backend applies verl's policy loss from ``actor_config`` itself."""
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def to(self, device: str, model: bool = True, optimizer: bool = True, grad: bool = True) -> None:
+        """No-op: nothing lives on this worker to offload; the backend manages its memory."""
+
+    # ------------------------------------------------------------ data path
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
+    async def compute_log_prob(self, data: TensorDict) -> TensorDict:
+        """Actor log-probs (and entropy when ``calculate_entropy``) for the batch.
+
+        verl sends ``no_lora_adapter=True`` when the reference policy is the
+        actor without its adapter; that request goes to the backend as ``ref=True``.
+        """
+        ref = bool(tu.pop(data, key="no_lora_adapter", default=False))
+        return await self._forward(data, ref=ref)
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="ref"))
+    async def compute_ref_log_prob(self, data: TensorDict) -> TensorDict:
+        """Reference-model log-probs for the batch."""
+        return await self._forward(data, ref=True)
+
+    async def _forward(self, data: TensorDict, *, ref: bool) -> TensorDict:
+        backend = self._require_backend()
+        calculate_entropy = bool(tu.get(data, key="calculate_entropy", default=False))
+        input_ids = data["input_ids"]
+        start = _clock()
+        result = await backend.compute_log_prob(
+            data,
+            ref=ref,
+            calculate_entropy=calculate_entropy,
+            rollout_n=int(self.config.rollout.n),
+            temperature=self._temperature(data),
+            pad_token_id=self._pad_token_id,
+        )
+        seconds = _clock() - start
+        model_output = _required(result, "model_output", "compute_log_prob")
+        outputs = {"log_probs": packed_to_nested(_required(model_output, "log_probs", "compute_log_prob"), input_ids, key="log_probs")}
+        if calculate_entropy:
+            entropy = _required(model_output, "entropy", "compute_log_prob (calculate_entropy=True)")
+            outputs["entropy"] = packed_to_nested(entropy, input_ids, key="entropy")
+        seqlens = sequence_lengths(input_ids).tolist()
+        # A plain float: the trainer logs metrics["mfu"] of log-prob calls without reducing it.
+        metrics = {"mfu": self._mfu(result, seqlens, seconds, forward_only=True)}
+        return tu.get_tensordict(tensor_dict=outputs, non_tensor_dict={"metrics": metrics})
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor_update"))
+    async def update_actor(self, data: TensorDict) -> TensorDict:
+        """One policy update on this rank's share of the batch; returns ``{"metrics": ...}``.
+
+        Metrics are verl ``Metric`` objects keyed without the ``actor/`` prefix,
+        plus ``loss`` and ``mfu`` (the trainer renames ``actor/mfu`` to
+        ``perf/mfu/actor``). MFU counts every token once per PPO epoch.
+        """
+        backend = self._require_backend()
+        epochs = int(tu.get(data, key="epochs", default=1) or 1)
+        seqlens_default = sequence_lengths(data["input_ids"]).tolist()
+        start = _clock()
+        result = await backend.update_actor(
+            data,
+            actor_config=self.config.actor,
+            pad_token_id=self._pad_token_id,
+            rollout_n=int(self.config.rollout.n),
+            temperature=self._temperature(data),
+        )
+        seconds = _clock() - start
+        metrics = normalise_metrics(_required(result, "metrics", "update_actor"))
+        if result.get("loss") is not None:
+            metrics.update(normalise_metrics({"loss": result["loss"]}))
+        seqlens = [int(n) for n in (result.get("global_token_num") or seqlens_default)]
+        metrics["mfu"] = self._mfu(result, seqlens * epochs, seconds, forward_only=False)
+        return tu.get_tensordict(tensor_dict={}, non_tensor_dict={"metrics": metrics})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    async def update_weights(self, global_steps: Optional[int] = None) -> Optional[dict[str, Any]]:
+        """Make the backend's sampler use the latest weights (rank 0 forwards; one engine)."""
+        if self.rank != 0:
+            return None
+        return await self._require_backend().update_weights()
+
+    # ------------------------------------------------------------ checkpoints
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    async def save_checkpoint(
+        self,
+        local_path: str,
+        hdfs_path: Optional[str] = None,
+        global_step: int = 0,
+        max_ckpt_to_keep: Optional[int] = None,
+    ) -> Optional[str]:
+        """Save under verl's ``<default_local_dir>/global_step_<N>/actor`` and keep at most
+        ``max_ckpt_to_keep`` of the checkpoints this worker saved (verl's retention rule)."""
+        if self.rank != 0:
+            return None
+        written = await self._require_backend().save_checkpoint(path=local_path, step=int(global_step))
+        path = str(written or local_path)
+        if path in self._saved_checkpoints:
+            self._saved_checkpoints.remove(path)
+        self._saved_checkpoints.append(path)
+        for old in checkpoints_to_prune(self._saved_checkpoints, max_ckpt_to_keep):
+            shutil.rmtree(old, ignore_errors=True)
+            self._saved_checkpoints.remove(old)
+        return path
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    async def load_checkpoint(
+        self, local_path: str, hdfs_path: Optional[str] = None, del_local_after_load: bool = False
+    ) -> None:
+        """Restore the backend from ``local_path`` (the step is parsed from ``global_step_<N>``)."""
+        if self.rank != 0:
+            return None
+        backend = self._require_backend()
+        if not supports_resume(backend):
+            raise RuntimeError(
+                f"Cannot resume from {local_path}: backend {type(backend).__name__!r} has no "
+                "`async load_checkpoint(path, step)`. Set trainer.resume_mode=disable."
+            )
+        step = parse_global_step(local_path)
+        if step is None:
+            raise ValueError(f"Checkpoint path {local_path!r} has no global_step_<N> component")
+        await backend.load_checkpoint(local_path, step)
+        if local_path not in self._saved_checkpoints:
+            self._saved_checkpoints.append(local_path)
+        if del_local_after_load:
+            shutil.rmtree(local_path, ignore_errors=True)
+
+    # ------------------------------------------------------------ helpers
+    def _require_backend(self) -> RemoteBackend:
+        if self._backend is None:
+            raise RuntimeError(
+                "RemoteBackendWorker has no backend attached: RemoteBackendTrainer.init_workers calls "
+                "attach_backend(main_config, handle) after the worker group starts."
+            )
+        return self._backend
+
+    def _temperature(self, data: TensorDict) -> float:
+        value = tu.get(data, key="temperature", default=None)
+        return float(self.config.rollout.temperature if value is None else value)
+
+    def _mfu(self, result: dict[str, Any], seqlens: list[int], seconds: float, *, forward_only: bool) -> float:
+        if result.get("device") is not None:
+            self._device = BackendDevice.from_dict(dict(result["device"]))
+        if self._device is None:
+            if not self._warned_no_device:
+                logger.warning("Backend reports no device; MFU is logged as 0 (see BackendDevice in base.py).")
+                self._warned_no_device = True
+            return 0.0
+        return compute_mfu(self._flops_counter, seqlens, seconds, self._device, forward_only=forward_only)
+
+
+def _required(mapping: Any, key: str, op: str) -> Any:
+    if not isinstance(mapping, dict) or mapping.get(key) is None:
+        have = sorted(mapping) if isinstance(mapping, dict) else type(mapping).__name__
+        raise ValueError(f"backend {op} result is missing {key!r} (got {have})")
+    return mapping[key]

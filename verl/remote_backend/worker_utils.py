@@ -1,0 +1,211 @@
+"""Pure tensor, metric and MFU helpers of the forwarder worker (no Ray, no I/O).
+
+The forwarder (``worker.py``) turns what a backend returns into what verl's
+trainer reads back; everything it computes lives here so it can be tested
+directly:
+
+* :func:`packed_to_nested` - packed per-token outputs ``[T]`` back into a
+  nested-jagged tensor with the batch's offsets (one vectorised call).
+* :func:`normalise_metrics` - backend metrics into verl's ``Metric`` form.
+* :func:`resolve_peak_flops` / :func:`compute_mfu` - MFU against the backend's
+  accelerators, with the model FLOPs from verl's ``FlopsCounter``.
+* :func:`parse_global_step`, :func:`checkpoints_to_prune` - checkpoint paths.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from verl.remote_backend.base import BackendDevice
+
+__all__ = [
+    "sequence_lengths",
+    "packed_to_nested",
+    "normalise_metrics",
+    "aggregation_for",
+    "resolve_peak_flops",
+    "compute_mfu",
+    "parse_global_step",
+    "checkpoints_to_prune",
+]
+
+# verl's trainer prefixes actor metrics itself; backends should not, but some will.
+_ACTOR_PREFIX = "actor/"
+
+
+# ---------------------------------------------------------------- tensors
+def sequence_lengths(nested: torch.Tensor) -> torch.Tensor:
+    """Per-row lengths ``[B]`` (int64) of a jagged nested tensor."""
+    if not (isinstance(nested, torch.Tensor) and nested.is_nested and nested.layout == torch.jagged):
+        raise TypeError(f"expected a nested tensor with layout=torch.jagged, got {_describe(nested)}")
+    return nested.offsets().diff().to(torch.int64)
+
+
+def packed_to_nested(values: torch.Tensor, like: torch.Tensor, *, key: str = "output") -> torch.Tensor:
+    """Rebuild a per-token output as a jagged tensor shaped like ``like``.
+
+    Args:
+        values: packed ``[T]`` tensor in the order of ``like.values()``, or a
+            jagged tensor with the same row lengths as ``like``.
+        like: the batch's nested ``input_ids`` (``T = like.values().shape[0]``).
+        key: name used in error messages.
+
+    Returns:
+        A float32 jagged tensor sharing ``like``'s offsets (no per-row loop).
+
+    Raises:
+        ValueError / TypeError: wrong type, rank or token count.
+    """
+    offsets = like.offsets()
+    total = int(like.values().shape[0])
+    if not isinstance(values, torch.Tensor):
+        raise TypeError(f"{key}: expected a torch.Tensor of shape [{total}], got {_describe(values)}")
+    if values.is_nested:
+        got = values.offsets().diff().to(torch.int64)
+        want = offsets.diff().to(torch.int64)
+        if got.shape != want.shape or not torch.equal(got.cpu(), want.cpu()):
+            raise ValueError(f"{key}: nested output row lengths {got.tolist()} differ from the batch's {want.tolist()}")
+        values = values.values()
+    if values.dim() != 1 or int(values.shape[0]) != total:
+        raise ValueError(
+            f"{key}: expected packed shape [{total}] (one value per token of the batch), got {list(values.shape)}"
+        )
+    if not values.is_floating_point():
+        raise TypeError(f"{key}: expected a floating-point tensor, got dtype {values.dtype}")
+    return torch.nested.nested_tensor_from_jagged(values.detach().to(torch.float32).contiguous().cpu(), offsets=offsets)
+
+
+def _describe(obj: Any) -> str:
+    if isinstance(obj, torch.Tensor):
+        return f"Tensor(shape={list(obj.shape) if not obj.is_nested else 'nested'}, dtype={obj.dtype})"
+    return type(obj).__name__
+
+
+# ---------------------------------------------------------------- metrics
+def aggregation_for(name: str) -> str:
+    """verl's reduction rule by name: ``max``/``min`` in the name, otherwise mean."""
+    if "max" in name:
+        return "max"
+    if "min" in name:
+        return "min"
+    return "mean"
+
+
+def _as_floats(key: str, value: Any) -> list[float]:
+    if isinstance(value, torch.Tensor):
+        return [float(v) for v in value.detach().reshape(-1).cpu().tolist()]
+    if isinstance(value, np.ndarray):
+        return [float(v) for v in value.reshape(-1).tolist()]
+    if isinstance(value, (bool, int, float, np.number)):
+        return [float(value)]
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        out: list[float] = []
+        for item in value:
+            out.extend(_as_floats(key, item))
+        return out
+    raise TypeError(f"metric {key!r}: expected a number, a list of numbers or a tensor, got {type(value).__name__}")
+
+
+def normalise_metrics(raw: Optional[Mapping[str, Any]]) -> dict[str, Any]:
+    """Backend metrics -> ``{name: verl Metric}`` as verl's own workers return them.
+
+    Scalars become one-value metrics, lists/tensors keep every value (one per
+    mini-batch or micro-batch); the aggregation follows verl's name rule
+    (:func:`aggregation_for`). Existing ``Metric`` objects pass through, and a
+    leading ``actor/`` is dropped because the trainer adds it.
+    """
+    from verl.utils.metric.utils import Metric
+
+    out: dict[str, Any] = {}
+    for key, value in (raw or {}).items():
+        name = key[len(_ACTOR_PREFIX) :] if key.startswith(_ACTOR_PREFIX) else key
+        if isinstance(value, Metric):
+            out[name] = value
+            continue
+        values = _as_floats(name, value)
+        if not values:
+            continue
+        metric = Metric(aggregation_for(name))
+        metric.extend(values)
+        out[name] = metric
+    return out
+
+
+# ---------------------------------------------------------------- MFU
+_TYPE_TO_TABLE_NAME = {"cpu": "CPU"}
+
+
+def resolve_peak_flops(device: BackendDevice) -> float:
+    """Peak dense FLOP/s of *one* of the backend's devices.
+
+    The backend's own ``peak_flops`` wins; otherwise verl's device table is
+    looked up by the device name (e.g. ``"NVIDIA H100 80GB HBM3"``) or, for
+    ``type="cpu"``, verl's CPU entry. Unknown devices give ``inf`` (MFU 0),
+    exactly as verl treats an unknown GPU.
+    """
+    if device.peak_flops is not None:
+        if not device.peak_flops > 0:
+            raise ValueError(f"backend device peak_flops={device.peak_flops!r} must be > 0")
+        return float(device.peak_flops)
+    from verl.utils.flops_counter import get_device_flops
+
+    name = device.name or _TYPE_TO_TABLE_NAME.get(device.type.lower())
+    if not name:
+        return math.inf
+    # unit "B" = plain FLOP/s in verl's converter
+    return float(get_device_flops(unit="B", device_name=name))
+
+
+def compute_mfu(
+    flops_counter: Any,
+    seqlens: Sequence[int],
+    seconds: float,
+    device: BackendDevice,
+    *,
+    forward_only: bool,
+) -> float:
+    """Model FLOPs utilisation of the backend's devices for one op.
+
+    ``flops_counter.estimate_flops(seqlens, seconds)`` (verl's ``FlopsCounter``)
+    gives the achieved forward+backward TFLOP/s of the model for these
+    sequence lengths; it is divided by ``count * peak`` of the backend's
+    devices (never the forwarder's CPU) and, for forward-only passes, by 3 as
+    verl's workers do (a forward is a third of forward+backward).
+
+    Returns 0.0 for an empty batch, a non-positive duration or an unknown peak.
+    """
+    seqlens = [int(s) for s in seqlens]
+    if not seqlens or seconds <= 0:
+        return 0.0
+    peak = resolve_peak_flops(device)
+    if not math.isfinite(peak):
+        return 0.0
+    achieved_tflops, _local_peak = flops_counter.estimate_flops(seqlens, seconds)
+    mfu = float(achieved_tflops) * 1e12 / (peak * device.count)
+    return mfu / 3.0 if forward_only else mfu
+
+
+# ---------------------------------------------------------------- checkpoints
+_STEP_RE = re.compile(r"global_step_(\d+)")
+
+
+def parse_global_step(path: str) -> Optional[int]:
+    """The ``N`` of the last ``global_step_N`` component of ``path``, else ``None``."""
+    found = _STEP_RE.findall(str(path))
+    return int(found[-1]) if found else None
+
+
+def checkpoints_to_prune(saved: Sequence[str], max_keep: Optional[int]) -> list[str]:
+    """Oldest entries of ``saved`` (oldest first) beyond the newest ``max_keep``.
+
+    ``None`` or a value <= 0 keeps everything, as in verl's checkpoint managers.
+    """
+    if max_keep is None or max_keep <= 0 or len(saved) <= max_keep:
+        return []
+    return list(saved[: len(saved) - max_keep])

@@ -1,0 +1,139 @@
+"""The rollout server actor: verl's token-in/token-out ``generate`` on a remote backend.
+
+verl's agent loop workers call ``await server.generate.remote(request_id=...,
+prompt_ids=..., sampling_params=..., image_data=..., video_data=...)`` and
+expect a ``TokenOutput``. This actor re-attaches to the trainer's backend with
+``from_config(main_config, handle=...)`` (it never creates an engine), caps
+``max_tokens`` (see :func:`~.sampling.cap_max_tokens`) and awaits
+``backend.generate``. Many requests run concurrently on its event loop; the
+backend is expected to batch them.
+
+Lifecycle calls from verl (``sleep`` after every generation phase,
+``wake_up``, ``clear_kv_cache``, ``abort_all_requests``, ``resume_generation``,
+profiling) map onto *optional* backend capabilities, detected by name:
+``async sleep()``, ``async wake_up()``, ``async clear_kv_cache()``. A backend
+without them keeps its sampler resident and these calls are no-ops. After
+``sleep`` the next ``generate`` wakes the backend first, because with verl's
+``naive`` weight sync nobody else calls ``wake_up`` before the next rollout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+from typing import Any, Optional
+
+from omegaconf import DictConfig
+
+from verl.remote_backend.registry import RemoteBackendRegistry
+from verl.workers.rollout.remote_rollout.sampling import (
+    backend_sampling_params,
+    cap_max_tokens,
+    check_generate_result,
+)
+from verl.workers.rollout.replica import TokenOutput
+
+__all__ = ["RemoteRolloutServer"]
+
+logger = logging.getLogger(__name__)
+logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))
+
+
+class RemoteRolloutServer:
+    """Ray actor (async) forwarding one replica's generate requests to the backend.
+
+    Args:
+        main_config: verl's full config (``trainer.remote_backend`` names the backend;
+            ``actor_rollout_ref.rollout`` gives the lengths).
+        handle: the trainer backend's ``reconnect_handle()``.
+        replica_rank: rank of the owning replica (for logs).
+    """
+
+    def __init__(self, main_config: DictConfig, handle: dict[str, Any], replica_rank: int = 0) -> None:
+        name = str(main_config.trainer.remote_backend)
+        self._backend = RemoteBackendRegistry.get(name).from_config(main_config, handle=handle)
+        rollout = main_config.actor_rollout_ref.rollout
+        self._response_length = int(rollout.response_length)
+        self._prompt_length = int(rollout.prompt_length)
+        self._max_model_len: Optional[int] = None if rollout.get("max_model_len") is None else int(rollout.max_model_len)
+        self._replica_rank = replica_rank
+        self._asleep = False
+        self._lifecycle_lock = asyncio.Lock()
+
+    async def ready(self) -> bool:
+        """Returns once the backend is attached (surfaces attach errors at launch)."""
+        return True
+
+    async def generate(
+        self,
+        request_id: str,
+        *,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        image_data: Optional[list[Any]] = None,
+        video_data: Optional[list[Any]] = None,
+    ) -> TokenOutput:
+        """Sample one response for ``prompt_ids`` (text only)."""
+        if image_data or video_data:
+            raise NotImplementedError("remote rollout servers take text prompts only (no image/video data)")
+        if self._asleep:
+            await self.wake_up()
+        requested = sampling_params.get("max_tokens", sampling_params.get("max_new_tokens"))
+        max_tokens = cap_max_tokens(
+            requested,
+            len(prompt_ids),
+            response_length=self._response_length,
+            prompt_length=self._prompt_length,
+            max_model_len=self._max_model_len,
+        )
+        want_logprobs = bool(sampling_params.get("logprobs", False))
+        if max_tokens == 0:
+            return TokenOutput(token_ids=[], log_probs=[] if want_logprobs else None, stop_reason="completed")
+        params = backend_sampling_params(sampling_params, max_tokens)
+        result = await self._backend.generate(list(prompt_ids), params)
+        return TokenOutput(**check_generate_result(result, max_tokens=max_tokens, want_logprobs=want_logprobs))
+
+    # ------------------------------------------------------------ lifecycle
+    async def wake_up(self) -> None:
+        """Bring the backend's sampler back (optional ``wake_up`` capability)."""
+        async with self._lifecycle_lock:
+            if self._asleep:
+                await self._maybe_call("wake_up")
+                self._asleep = False
+
+    async def sleep(self) -> None:
+        """Let the backend free sampler memory (optional ``sleep`` capability)."""
+        async with self._lifecycle_lock:
+            if not self._asleep:
+                await self._maybe_call("sleep")
+                self._asleep = True
+
+    async def clear_kv_cache(self) -> None:
+        """Drop cached prefixes (optional ``clear_kv_cache`` capability)."""
+        await self._maybe_call("clear_kv_cache")
+
+    async def abort_all_requests(self) -> None:
+        """Partial rollout is not supported; requests always run to completion."""
+
+    async def resume_generation(self) -> None:
+        """Counterpart of :meth:`abort_all_requests` (nothing to resume)."""
+
+    async def start_profile(self, **kwargs: Any) -> None:
+        """Profiling happens inside the backend, if at all."""
+
+    async def stop_profile(self) -> None:
+        """See :meth:`start_profile`."""
+
+    async def _maybe_call(self, method: str) -> None:
+        fn = getattr(self._backend, method, None)
+        if fn is None or not inspect.iscoroutinefunction(fn):
+            return
+        await fn()
+
+    async def destroy(self) -> None:
+        """Drop this server's connection (the shared engine stays up: the client was re-attached)."""
+        result = self._backend.destroy()
+        if inspect.isawaitable(result):
+            await result
