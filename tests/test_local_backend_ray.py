@@ -1,0 +1,167 @@
+"""``LocalBackend`` through its real Ray actor: the contract end to end, re-attach, destroy."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from local_backend_helpers import (  # noqa: F401  (fixture)
+    dense_rollout_batch,
+    main_config,
+    random_rollouts,
+    tiny_model_dir,
+    to_no_padding,
+)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=4, include_dashboard=False)
+    yield
+    if started:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def cfg(tiny_model_dir):
+    return main_config(tiny_model_dir, ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, use_kl_loss=True)
+
+
+@pytest.fixture(scope="module")
+def backend(ray_session, cfg):
+    from verl.remote_backend.registry import RemoteBackendRegistry
+
+    b = RemoteBackendRegistry.create("local", cfg)
+    yield b
+    b.destroy()
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def _update_batch(seed=0):
+    prompts, responses = random_rollouts(8, seed=seed)
+    dense = dense_rollout_batch(prompts, responses)
+    mask = dense["response_mask"].float()
+    g = torch.Generator().manual_seed(seed)
+    dense["old_log_probs"] = -6.2 * mask
+    dense["ref_log_prob"] = -6.2 * mask
+    dense["advantages"] = torch.randn(8, 1, generator=g).expand_as(mask) * mask
+    return to_no_padding(dense, mini_batch_size=4, global_batch_size=4, epochs=1, seed=42,
+                         dataloader_kwargs={"shuffle": False}, calculate_entropy=False, temperature=1.0)
+
+
+def test_contract_ops_through_the_ray_actor(backend, cfg, tiny_model_dir):
+    from verl.remote_backend.base import BackendDevice, supports_resume
+    from verl.workers.remote_client.local.engine import LocalEngine
+    from local_backend_helpers import engine_settings
+
+    assert backend.requires_single_forwarder() is True
+    assert supports_resume(backend)
+    prompts, responses = random_rollouts(5, seed=4)
+    td = to_no_padding(dense_rollout_batch(prompts, responses), calculate_entropy=True)
+
+    out = run(backend.compute_log_prob(td, ref=False, calculate_entropy=True, rollout_n=1, temperature=1.0,
+                                       pad_token_id=0))
+    local = LocalEngine(engine_settings(tiny_model_dir)).log_probs(td, calculate_entropy=True)
+    torch.testing.assert_close(out["model_output"]["log_probs"], local["log_probs"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(out["model_output"]["entropy"], local["entropy"], atol=1e-5, rtol=0)
+    assert BackendDevice.from_dict(out["device"]).type == "cpu"
+    ref = run(backend.compute_log_prob(td, ref=True, calculate_entropy=False, rollout_n=1, temperature=1.0,
+                                       pad_token_id=0))
+    assert set(ref["model_output"]) == {"log_probs"}
+
+    batch = _update_batch()
+    # actor_config as verl's worker passes it: the DictConfig block
+    upd = run(backend.update_actor(batch, actor_config=cfg.actor_rollout_ref.actor, pad_token_id=0, rollout_n=1,
+                                   temperature=1.0))
+    assert isinstance(upd["loss"], float)
+    assert {"pg_loss", "pg_clipfrac", "ppo_kl", "grad_norm", "lr", "entropy", "kl_loss"} <= set(upd["metrics"])
+    for key, val in upd["metrics"].items():
+        assert isinstance(val, float) or all(isinstance(v, float) for v in val), key
+    assert len(upd["metrics"]["grad_norm"]) == 2
+    assert upd["global_token_num"] == batch["input_ids"].offsets().diff().tolist()
+    assert BackendDevice.from_dict(upd["device"]).count == 1
+
+    version = run(backend.update_weights())["policy_version"]
+    assert run(backend.update_weights())["policy_version"] == version + 1
+
+
+def test_concurrent_generate_requests_are_batched(backend):
+    params = {"max_tokens": 12, "temperature": 1.0, "top_p": 0.95, "logprobs": True}
+
+    async def burst():
+        before = (await backend.engine_info())["batches_run"]
+        results = await asyncio.gather(*[backend.generate([5, 6, 7, i + 3], params) for i in range(64)])
+        after = (await backend.engine_info())["batches_run"]
+        return results, after - before
+
+    results, batches = run(burst())
+    assert len(results) == 64 and batches <= 8, f"64 concurrent requests took {batches} batches"
+    for res in results:
+        assert 1 <= len(res["token_ids"]) <= 12 and len(res["log_probs"]) == len(res["token_ids"])
+        assert res["stop_reason"] == "completed"
+
+
+def test_invalid_generate_input_raises_value_error_through_ray(backend):
+    with pytest.raises(ValueError, match="temperature"):
+        run(backend.generate([1, 2], {"max_tokens": 3, "temperature": -1}))
+    with pytest.raises(ValueError, match="longer than the model context"):
+        run(backend.generate([5] * 5000, {"max_tokens": 3}))
+
+
+def test_save_and_load_checkpoint_through_ray(backend, tmp_path):
+    path = str(tmp_path / "global_step_2" / "actor")
+    assert run(backend.save_checkpoint(path, 2)) == path
+    run(backend.load_checkpoint(path, 2))
+    assert run(backend.engine_info())["global_step"] == 2
+
+
+def test_reattach_from_another_process_uses_the_same_engine_and_never_kills_it(backend, cfg):
+    import ray
+
+    from verl.workers.remote_client.local_backend import LocalBackend
+
+    handle = backend.reconnect_handle()
+    engine_pid = run(backend.engine_info())["pid"]
+
+    @ray.remote(num_cpus=0)
+    def attached_client(handle, cfg):
+        import asyncio
+        import os
+
+        attached = LocalBackend.from_config(cfg, handle=handle)
+        info = asyncio.run(attached.engine_info())
+        out = asyncio.run(attached.generate([5, 6, 7], {"max_tokens": 4, "temperature": 0}))
+        attached.destroy()
+        attached.destroy()
+        return os.getpid(), info["pid"], out["token_ids"]
+
+    client_pid, seen_pid, tokens = ray.get(attached_client.remote(handle, cfg))
+    assert client_pid != engine_pid and seen_pid == engine_pid and len(tokens) <= 4
+    assert run(backend.engine_info())["pid"] == engine_pid  # still alive after the attached destroy
+
+
+def test_owner_destroy_is_idempotent_and_stops_the_engine(ray_session, cfg):
+    import ray
+
+    from verl.workers.remote_client.local_backend import LocalBackend
+
+    b = LocalBackend.from_config(cfg)
+    actor = b.reconnect_handle()["actor"]
+    assert ray.get(actor.info.remote())["pid"]
+    b.destroy()
+    b.destroy()
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(actor.info.remote(), timeout=60)
+    with pytest.raises(RuntimeError, match="destroyed"):
+        run(b.update_weights())
