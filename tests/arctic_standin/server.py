@@ -325,7 +325,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     args = parser.parse_args(argv)
     if args.training_gpus + args.sampling_gpus + args.log_prob_gpus == 0:
         parser.error("At least one of --training-gpus, --sampling-gpus, --log-prob-gpus must be > 0")
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    # One intra-op thread, as the local backend's Ray actor (num_cpus=1) uses: same reduction order.
+    torch.set_num_threads(int(os.environ.get("ARCTIC_STANDIN_THREADS", "1")))
     state = StandinState(args.training_gpus, args.sampling_gpus, args.log_prob_gpus, args.colocate)
     uvicorn.run(create_app(state), host=args.host, port=args.port, access_log=args.verbose, log_level="warning")
 

@@ -46,7 +46,6 @@ from verl.workers.remote_client.arctic.config import (
     build_client_config,
     check_loss_compatibility,
     load_arctic_config,
-    needs_reference,
     resolved_log_prob_gpus,
 )
 from verl.workers.remote_client.arctic.errors import (
@@ -91,6 +90,8 @@ class ArcticBackend(RemoteBackend):
         self._server_state = server_state
         self._sync = cfg.protocol == "http"
         self._address = f"{cfg.host}:{cfg.port}"
+        # The limit in force is the client's (a re-attached handle may carry its own).
+        self._timeout_s = float(getattr(getattr(client, "config", None), "request_timeout", cfg.request_timeout_s))
         self._executor: Optional[ThreadPoolExecutor] = None
         self._tokenizer = None
         self._sampler_awake = True
@@ -326,7 +327,7 @@ class ArcticBackend(RemoteBackend):
                 return await asyncio.get_running_loop().run_in_executor(self._executor, call)
             return await fn(*args, **kwargs)
         except Exception as exc:
-            raise translate_error(exc, op=op, address=self._address, timeout_s=self.cfg.request_timeout_s) from exc
+            raise translate_error(exc, op=op, address=self._address, timeout_s=self._timeout_s) from exc
 
     async def _sleep_sampler(self) -> None:
         """Colocated: free the sampler's GPU memory before training work (update_weights wakes it)."""
@@ -335,7 +336,7 @@ class ArcticBackend(RemoteBackend):
             self._sampler_awake = False
 
     def _meta(self, data: "TensorDict", rollout_n: int, temperature: float, entropy: bool, pad_token_id: int) -> dict:
-        prompts, responses = data["prompts"], data["attention_mask"]
+        prompts, mask = data["prompts"], data["attention_mask"]
         return bodies.base_meta(
             self.cfg,
             rollout_n=rollout_n,
@@ -343,7 +344,7 @@ class ArcticBackend(RemoteBackend):
             calculate_entropy=entropy,
             pad_token_id=pad_token_id,
             max_prompt_len=prompts.shape[1],
-            max_response_len=responses.shape[1] - prompts.shape[1],
+            max_response_len=mask.shape[1] - prompts.shape[1],
             max_token_len_per_gpu=int(_get(self._main, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", 16384)),
         )
 

@@ -1,0 +1,304 @@
+"""The ``arctic`` adapter + the real arctic-platform client against the CPU stand-in server.
+
+Nothing is patched: the adapter builds arctic-platform's own client, which talks
+HTTP (DSSST1 safetensors bodies) to ``tests/arctic_standin/server.py``, a separate
+process driving the ``local`` engine. Parity tests run the same batches through
+the ``local`` backend (its own Ray actor) and compare.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pickle
+import socket
+import time
+
+import pytest
+import requests
+import torch
+
+from verl.remote_backend import RemoteBackendRegistry
+from verl.utils import tensordict_utils as tu
+from verl.workers.remote_client.arctic.errors import (
+    ArcticResponseError,
+    ArcticServerError,
+    ArcticTimeoutError,
+    ArcticUnreachableError,
+    PromptRoundTripError,
+)
+
+from arctic_standin.harness import compose_config, free_port, make_batch, standin_command, start_standin
+
+TEMPERATURE = 0.7
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    import ray
+
+    from verl.remote_backend.tiny_model import build_tiny_model
+    from verl.utils.config import omega_conf_to_dataclass
+
+    root = tmp_path_factory.mktemp("arctic")
+    model = build_tiny_model(str(root / "model"))
+    port = free_port()
+    server = start_standin(port, str(root / "logs"), log_prob_gpus=1)
+    cfg = compose_config(
+        model,
+        str(root / "ckpt"),
+        port,
+        [
+            "actor_rollout_ref.actor.use_kl_loss=true",
+            "actor_rollout_ref.actor.kl_loss_coef=0.1",
+            "actor_rollout_ref.actor.entropy_coeff=0.01",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+        ],
+    )
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    arctic = local = None
+    try:
+        arctic = RemoteBackendRegistry.create("arctic", cfg)
+        local = RemoteBackendRegistry.create("local", cfg)
+        from transformers import AutoTokenizer
+
+        yield {
+            "cfg": cfg,
+            "arctic": arctic,
+            "local": local,
+            "server": server,
+            "url": f"http://127.0.0.1:{port}",
+            "tok": AutoTokenizer.from_pretrained(model),
+            "actor": omega_conf_to_dataclass(cfg.actor_rollout_ref.actor),
+            "root": root,
+        }
+    finally:
+        if arctic is not None:
+            run(arctic.destroy())
+        if local is not None:
+            local.destroy()
+        server.stop()
+        ray.shutdown()
+
+
+def batch(env, seed=0, **kw):
+    tok = env["tok"]
+    args = dict(
+        prompt_lens=[3, 6, 2, 5],
+        response_lens=[4, 1, 5, 3],
+        prompt_width=6,
+        response_width=5,
+        vocab=len(tok),
+        pad_token_id=tok.pad_token_id,
+        seed=seed,
+        with_update_fields=True,
+    )
+    args.update(kw)
+    return make_batch(**args)
+
+
+def log_probs(backend, data, env, *, ref=False, entropy=True):
+    return run(
+        backend.compute_log_prob(
+            data, ref=ref, calculate_entropy=entropy, rollout_n=2, temperature=TEMPERATURE, pad_token_id=env["tok"].pad_token_id
+        )
+    )
+
+
+def arm(env, endpoint, kind, **extra):
+    requests.post(f"{env['url']}/_standin/fault", json={"endpoint": endpoint, "kind": kind, **extra}, timeout=10).raise_for_status()
+
+
+# ----------------------------------------------------------------------------- parity
+@pytest.mark.parametrize("ref", [False, True])
+def test_log_prob_parity_with_local(env, ref):
+    data = batch(env)
+    a = log_probs(env["arctic"], data, env, ref=ref)
+    b = log_probs(env["local"], data, env, ref=ref)
+    t = int(data["input_ids"].offsets()[-1])
+    assert a["model_output"]["log_probs"].shape == (t,)
+    for key in ("log_probs", "entropy"):
+        diff = (a["model_output"][key] - b["model_output"][key]).abs().max().item()
+        assert diff <= 1e-5, f"{key}: max |arctic - local| = {diff}"
+    assert a["device"]["type"] == "cpu"
+
+
+def test_update_parity_with_local(env):
+    """Same batch, 2 epochs x 2 shuffled mini-batches (4 optimizer steps), KL loss + entropy bonus."""
+    data = batch(env, seed=1)
+    tu.assign_non_tensor(
+        data, mini_batch_size=2, epochs=2, seed=5, dataloader_kwargs={"shuffle": True}, calculate_entropy=True, global_batch_size=2
+    )
+    outs = {}
+    for name in ("arctic", "local"):
+        outs[name] = run(
+            env[name].update_actor(
+                data.copy(), actor_config=env["actor"], pad_token_id=env["tok"].pad_token_id, rollout_n=2, temperature=TEMPERATURE
+            )
+        )
+    a, b = outs["arctic"], outs["local"]
+    assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-6)
+    for key in ("pg_loss", "kl_loss", "grad_norm"):
+        assert len(a["metrics"][key]) == 4
+        assert a["metrics"][key] == pytest.approx(b["metrics"][key], rel=1e-4, abs=1e-6), key
+    assert a["metrics"]["lr"] == pytest.approx(b["metrics"]["lr"])
+    assert a["global_token_num"] == data["input_ids"].offsets().diff().tolist()
+    # Identical parameter updates => identical log-probs afterwards.
+    after = batch(env, seed=2)
+    la, lb = log_probs(env["arctic"], after, env), log_probs(env["local"], after, env)
+    assert (la["model_output"]["log_probs"] - lb["model_output"]["log_probs"]).abs().max() <= 1e-5
+
+
+def test_generate_token_ids_in_and_out_match_local(env):
+    tok = env["tok"]
+    for name in ("arctic", "local"):
+        run(env[name].update_weights())
+    params = {"max_tokens": 6, "temperature": 0.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
+    for text in ("how many apples", "Question: 12 + 7 ="):
+        ids = tok(text)["input_ids"]
+        a = run(env["arctic"].generate(ids, dict(params)))
+        b = run(env["local"].generate(ids, dict(params)))
+        assert a["token_ids"] == b["token_ids"] and 0 < len(a["token_ids"]) <= 6
+        assert a["log_probs"] == pytest.approx(b["log_probs"], abs=1e-5)
+        assert a["stop_reason"] == "completed"
+
+
+def test_generate_fails_loudly_when_prompt_ids_do_not_survive_text(env):
+    tok = env["tok"]
+    ids = tok("how many apples")["input_ids"]
+    # Spell one merged BPE token as its single-character tokens: same text, non-canonical ids.
+    at = next(i for i, t in enumerate(ids) if len(tok.convert_ids_to_tokens(t)) >= 2)
+    chars = [tok.convert_tokens_to_ids(c) for c in tok.convert_ids_to_tokens(ids[at])]
+    split = ids[:at] + chars + ids[at + 1 :]
+    assert tok.decode(split) == tok.decode(ids)
+    with pytest.raises(PromptRoundTripError, match=f"first difference at position {at}"):
+        run(env["arctic"].generate(split, {"max_tokens": 2}))
+
+
+def test_checkpoint_save_and_load_restore_weights(env):
+    data = batch(env, seed=3)
+    actor_dir = str(env["root"] / "ckpt" / "global_step_3" / "actor")
+    path = run(env["arctic"].save_checkpoint(actor_dir, 3))
+    assert path == os.path.join(actor_dir, "checkpoint-3") and os.path.isfile(os.path.join(path, "manifest.json"))
+    before = log_probs(env["arctic"], data, env)["model_output"]["log_probs"]
+    tu.assign_non_tensor(data, mini_batch_size=4, epochs=1, seed=0, dataloader_kwargs={"shuffle": False})
+    run(env["arctic"].update_actor(data.copy(), actor_config=env["actor"], pad_token_id=env["tok"].pad_token_id, rollout_n=2, temperature=1.0))
+    moved = log_probs(env["arctic"], data, env)["model_output"]["log_probs"]
+    assert (moved - before).abs().max() > 1e-4
+    run(env["arctic"].load_checkpoint(actor_dir, 3))
+    restored = log_probs(env["arctic"], data, env)["model_output"]["log_probs"]
+    assert torch.equal(restored, before)
+
+
+def test_reconnect_handle_attaches_without_new_jobs_and_detaches_safely(env):
+    handle = pickle.loads(pickle.dumps(env["arctic"].reconnect_handle()))
+    jobs_before = requests.get(f"{env['url']}/status", timeout=10).json()["jobs"]
+    other = type(env["arctic"]).from_config(env["cfg"], handle=handle)
+    data = batch(env, seed=4)
+    assert torch.equal(log_probs(other, data, env)["model_output"]["log_probs"], log_probs(env["arctic"], data, env)["model_output"]["log_probs"])
+    run(other.destroy())
+    run(other.destroy())  # idempotent
+    assert requests.get(f"{env['url']}/status", timeout=10).json()["jobs"] == jobs_before
+    log_probs(env["arctic"], data, env)  # the owner still works
+
+
+# ----------------------------------------------------------------------------- failures
+def test_http_error_carries_the_servers_detail(env):
+    arm(env, "/forward", "http_error", status=500, detail="injected: CUDA out of memory on rank 0")
+    with pytest.raises(ArcticServerError, match="injected: CUDA out of memory on rank 0") as err:
+        log_probs(env["arctic"], batch(env), env)
+    assert err.value.status == 500 and "127.0.0.1:" in str(err.value) and "compute_log_prob" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "kind,pattern",
+    [
+        ("missing_key", r"response\.batch lacks key 'logprobs'"),
+        ("wrong_shape", r"response\.batch\.logprobs has shape \(4, 10\), expected \(4, 11\)"),
+        ("nan", r"logprobs: \d+ non-finite"),
+    ],
+)
+def test_malformed_forward_response_is_named(env, kind, pattern):
+    arm(env, "/forward", kind, key="logprobs")
+    with pytest.raises(ArcticResponseError, match=pattern):
+        log_probs(env["arctic"], batch(env), env)
+
+
+def test_generate_result_without_token_ids_is_named(env):
+    run(env["arctic"].update_weights())  # earlier log-prob calls put the colocated sampler to sleep
+    arm(env, "/generate", "missing_key", key="token_ids")
+    with pytest.raises(ArcticResponseError, match="lacks key 'token_ids'"):
+        run(env["arctic"].generate(env["tok"]("how many")["input_ids"], {"max_tokens": 2}))
+
+
+def test_request_timeout_names_op_and_limit(env):
+    handle = env["arctic"].reconnect_handle()
+    handle["client_config"]["request_timeout"] = 1.5
+    impatient = type(env["arctic"]).from_config(env["cfg"], handle=handle)
+    arm(env, "/forward", "hang", seconds=6)
+    start = time.monotonic()
+    with pytest.raises(ArcticTimeoutError, match=r"compute_log_prob did not finish within 1\.5s"):
+        log_probs(impatient, batch(env), env)
+    assert time.monotonic() - start < 5
+    run(impatient.destroy())
+
+
+def test_unreachable_server_is_named_within_bounded_time(env):
+    from omegaconf import OmegaConf
+
+    port = free_port()  # nothing listens here
+    cfg = env["cfg"].copy()
+    OmegaConf.update(cfg, "remote_backend.arctic.port", port)
+    OmegaConf.update(cfg, "remote_backend.arctic.connect_timeout_s", 2)
+    start = time.monotonic()
+    with pytest.raises(ArcticUnreachableError, match=f"127.0.0.1:{port} is unreachable"):
+        RemoteBackendRegistry.create("arctic", cfg)
+    assert time.monotonic() - start < 6
+
+
+def test_silent_server_is_named_within_bounded_time(env):
+    """A socket that accepts connections but never answers (a hung server)."""
+    from omegaconf import OmegaConf
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sink:
+        sink.bind(("127.0.0.1", 0))
+        sink.listen(8)
+        port = sink.getsockname()[1]
+        cfg = env["cfg"].copy()
+        OmegaConf.update(cfg, "remote_backend.arctic.port", port)
+        OmegaConf.update(cfg, "remote_backend.arctic.connect_timeout_s", 2)
+        start = time.monotonic()
+        with pytest.raises(ArcticUnreachableError, match=f"127.0.0.1:{port}"):
+            RemoteBackendRegistry.create("arctic", cfg)
+        assert time.monotonic() - start < 6
+
+
+def test_launched_server_lifecycle_and_death_mid_run(env, tmp_path):
+    """launch_server=true starts a server bound to 127.0.0.1; killing it surfaces as unreachable; destroy stops it."""
+    from omegaconf import OmegaConf
+
+    port = free_port()
+    cfg = env["cfg"].copy()
+    OmegaConf.update(cfg, "actor_rollout_ref.actor.use_kl_loss", False)
+    OmegaConf.update(cfg, "trainer.default_local_dir", str(tmp_path))
+    for key, value in {"port": port, "launch_server": True, "launch_command": standin_command(), "startup_timeout_s": 120}.items():
+        OmegaConf.update(cfg, f"remote_backend.arctic.{key}", value)
+    backend = RemoteBackendRegistry.create("arctic", cfg)
+    proc = backend._server.proc
+    try:
+        assert requests.get(f"http://127.0.0.1:{port}/health", timeout=5).ok
+        data = batch(env)
+        log_probs(backend, data, env, entropy=False)
+        proc.kill()
+        proc.wait(timeout=10)
+        start = time.monotonic()
+        with pytest.raises(ArcticUnreachableError, match=f"127.0.0.1:{port} is unreachable during compute_log_prob"):
+            log_probs(backend, data, env, entropy=False)
+        assert time.monotonic() - start < 5
+    finally:
+        run(backend.destroy())
+    assert proc.poll() is not None
