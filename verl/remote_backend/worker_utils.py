@@ -145,9 +145,9 @@ def resolve_peak_flops(device: BackendDevice) -> float:
     """Peak dense FLOP/s of *one* of the backend's devices.
 
     The backend's own ``peak_flops`` wins; otherwise verl's device table is
-    looked up by the device name (e.g. ``"NVIDIA H100 80GB HBM3"``) or, for
-    ``type="cpu"``, verl's CPU entry. Unknown devices give ``inf`` (MFU 0),
-    exactly as verl treats an unknown GPU.
+    looked up by the device name (e.g. ``"NVIDIA H100 80GB HBM3"``) and, if the
+    name is not in it, by the type (``cpu`` has an entry). Unknown devices give
+    ``inf`` (MFU 0), exactly as verl treats an unknown GPU.
     """
     if device.peak_flops is not None:
         if not device.peak_flops > 0:
@@ -155,11 +155,13 @@ def resolve_peak_flops(device: BackendDevice) -> float:
         return float(device.peak_flops)
     from verl.utils.flops_counter import get_device_flops
 
-    name = device.name or _TYPE_TO_TABLE_NAME.get(device.type.lower())
-    if not name:
-        return math.inf
-    # unit "B" = plain FLOP/s in verl's converter
-    return float(get_device_flops(unit="B", device_name=name))
+    for name in (device.name, _TYPE_TO_TABLE_NAME.get(device.type.lower())):
+        if name:
+            # unit "B" = plain FLOP/s in verl's converter
+            peak = float(get_device_flops(unit="B", device_name=name))
+            if math.isfinite(peak):
+                return peak
+    return math.inf
 
 
 def compute_mfu(

@@ -1,0 +1,249 @@
+"""Helpers of the integration tests: assets, small-CI overrides, and entry-point runs.
+
+End-to-end tests run ``python -m verl.remote_backend.main_ppo`` in a child
+process - the real entry point, a fresh Ray cluster that dies with the child,
+nothing leaking into pytest - and read verl's per-step metrics from verl's own
+``file`` logger (``VERL_FILE_LOGGER_PATH``). While the child runs, the summed
+PSS (proportional set size) of its process tree (driver, Ray daemons, workers, engine) is sampled.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TESTS_DIR = Path(__file__).resolve().parent
+GSM8K_DIR = REPO_ROOT.parent / "shared" / "data" / "gsm8k"
+
+#: The metrics the issue requires after every GRPO step.
+REQUIRED_STEP_METRICS = (
+    "actor/pg_loss",
+    "actor/grad_norm",
+    "actor/mfu",
+    "critic/score/mean",
+    "response_length/mean",
+    "timing_s/gen",
+    "timing_s/update_actor",
+)
+
+
+def build_model(out_dir: Path) -> str:
+    """The tiny Qwen2 + tokenizer (seconds on CPU)."""
+    from verl.remote_backend.tiny_model import build_tiny_model
+
+    return build_tiny_model(str(out_dir))
+
+
+def load_prepare_module():
+    """``examples/gsm8k_remote/prepare_gsm8k.py`` as a module (examples/ is not a package)."""
+    path = REPO_ROOT / "examples" / "gsm8k_remote" / "prepare_gsm8k.py"
+    spec = importlib.util.spec_from_file_location("prepare_gsm8k", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def build_gsm8k(out_dir: Path, *, max_train: int = 32, max_test: int = 8, max_question_chars: int = 160) -> tuple[str, str]:
+    """A short-question gsm8k subset in verl's parquet layout; returns (train, test) paths."""
+    prepare = load_prepare_module()
+    rc = prepare.main(
+        [
+            "--input-dir",
+            str(GSM8K_DIR),
+            "--output-dir",
+            str(out_dir),
+            "--max-train",
+            str(max_train),
+            "--max-test",
+            str(max_test),
+            "--max-question-chars",
+            str(max_question_chars),
+        ]
+    )
+    assert rc == 0
+    return str(out_dir / "train.parquet"), str(out_dir / "test.parquet")
+
+
+def small_ci_overrides(
+    *,
+    model: str,
+    train: str,
+    test: str,
+    ckpt_dir: Path,
+    steps: int,
+    backend: str = "local",
+    batch_size: int = 4,
+    rollout_n: int = 2,
+    prompt_len: int = 192,
+    response_len: int = 16,
+    save_freq: int = -1,
+) -> list[str]:
+    """Hydra overrides for a few fast GRPO steps on CPU (DESIGN.md section 4's small-CI settings)."""
+    return [
+        f"trainer.remote_backend={backend}",
+        "trainer.use_legacy_worker_impl=disable",
+        "trainer.device=cpu",
+        "trainer.n_gpus_per_node=1",
+        "trainer.nnodes=1",
+        "actor_rollout_ref.rollout.name=remote",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        f"actor_rollout_ref.model.path={model}",
+        f"data.train_files={train}",
+        f"data.val_files={test}",
+        f"data.train_batch_size={batch_size}",
+        f"data.max_prompt_length={prompt_len}",
+        f"data.max_response_length={response_len}",
+        "data.truncation=left",
+        "data.filter_overlong_prompts=true",
+        "data.dataloader_num_workers=0",
+        "algorithm.adv_estimator=grpo",
+        f"actor_rollout_ref.rollout.n={rollout_n}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={batch_size}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={batch_size * rollout_n}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={batch_size * rollout_n}",
+        "actor_rollout_ref.rollout.agent.num_workers=1",
+        "reward.num_workers=1",
+        "trainer.logger=[console,file]",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=-1",
+        f"trainer.total_training_steps={steps}",
+        f"trainer.save_freq={save_freq}",
+        f"trainer.default_local_dir={ckpt_dir}",
+        "trainer.resume_mode=disable",
+        "trainer.project_name=vrb_tests",
+        "trainer.experiment_name=e2e",
+    ]
+
+
+def compose(overrides: Sequence[str]):
+    """The entry point's composed config for ``overrides`` (no Ray, nothing started)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+
+    with initialize_config_module("verl.remote_backend.config", version_base=None):
+        return hydra_compose("remote_ppo_trainer", overrides=list(overrides))
+
+
+@dataclass
+class RunResult:
+    returncode: int
+    output: str
+    metrics: list[dict[str, Any]]
+    wall_s: float
+    peak_pss_gb: float
+    log_path: Path = field(default=Path())
+
+    def step(self, n: int) -> dict[str, Any]:
+        for entry in self.metrics:
+            if entry["step"] == n:
+                return entry["data"]
+        raise AssertionError(f"no metrics logged for step {n}; steps: {[m['step'] for m in self.metrics]}")
+
+    def tail(self, chars: int = 6000) -> str:
+        return self.output[-chars:]
+
+
+def _tree(pid: int) -> list:
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def _pss(procs: list) -> int:
+    """Summed proportional set size: shared pages (torch, CUDA libs) counted once overall."""
+    import psutil
+
+    total = 0
+    for proc in procs:
+        try:
+            info = proc.memory_full_info()
+            total += getattr(info, "pss", info.rss)
+        except psutil.Error:
+            pass
+    return total
+
+
+def _reap(procs: dict) -> None:
+    """Stop processes this run started (seen in the child's tree) that outlived it, by pid."""
+    import psutil
+
+    alive = [p for p in procs.values() if p.is_running()]
+    for proc in alive:
+        try:
+            proc.terminate()
+        except psutil.Error:
+            pass
+    _, still = psutil.wait_procs(alive, timeout=10)
+    for proc in still:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+
+
+def run_entry(
+    overrides: Sequence[str],
+    *,
+    workdir: Path,
+    env_extra: Optional[dict[str, str]] = None,
+    timeout_s: float = 900,
+) -> RunResult:
+    """Run the entry point in a child process; collect output, metrics, wall time, peak memory."""
+    metrics_path = workdir / "metrics.jsonl"
+    log_path = workdir / "run.log"
+    workdir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env.update(
+        {
+            "VERL_FILE_LOGGER_PATH": str(metrics_path),
+            "HYDRA_FULL_ERROR": "1",
+            "RAY_DEDUP_LOGS": "0",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+    )
+    env.update(env_extra or {})
+    cmd = [sys.executable, "-m", "verl.remote_backend.main_ppo", f"hydra.run.dir={workdir}/hydra", *overrides]
+    peak = 0
+    seen: dict = {}
+    start = time.monotonic()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
+        stop = threading.Event()
+
+        def sample() -> None:
+            nonlocal peak
+            while not stop.is_set():
+                procs = _tree(proc.pid)
+                seen.update({p.pid: p for p in procs})
+                peak = max(peak, _pss(procs))
+                stop.wait(1.0)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = proc.wait()
+        finally:
+            wall = time.monotonic() - start
+            stop.set()
+            sampler.join()
+            _reap(seen)
+    metrics = []
+    if metrics_path.exists():
+        metrics = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    return RunResult(rc, log_path.read_text(errors="replace"), metrics, wall, peak / 2**30, log_path)
