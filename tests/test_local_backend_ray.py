@@ -165,3 +165,20 @@ def test_owner_destroy_is_idempotent_and_stops_the_engine(ray_session, cfg):
         ray.get(actor.info.remote(), timeout=60)
     with pytest.raises(RuntimeError, match="destroyed"):
         run(b.update_weights())
+
+
+def test_weight_sync_waits_for_in_flight_requests_and_admits_the_rest_after(backend):
+    params = {"max_tokens": 20, "temperature": 0}
+
+    async def mixed():
+        before = (await backend.engine_info())["policy_version"]
+        first = [asyncio.ensure_future(backend.generate([9, 8, 7, i + 3], params)) for i in range(8)]
+        await asyncio.sleep(0.05)
+        sync = asyncio.ensure_future(backend.update_weights())
+        later = [asyncio.ensure_future(backend.generate([4, 5, i + 3], params)) for i in range(8)]
+        results = await asyncio.gather(*first, sync, *later)
+        return before, results
+
+    before, results = run(mixed())
+    assert results[8]["policy_version"] == before + 1
+    assert all(len(r["token_ids"]) <= 20 for r in results[:8] + results[9:])

@@ -164,3 +164,27 @@ def test_rows_leaving_the_batch_early_do_not_disturb_the_others(engine):
         if t == 0:
             alone = engine.generate(prompt, {"max_tokens": m, "temperature": 0})["token_ids"]
             assert res.token_ids == alone
+
+
+def test_requests_joining_a_running_batch_decode_as_if_alone(engine):
+    """Continuous batching: rows admitted mid-flight (shorter and longer prompts than the running
+    rows' cache) produce exactly their solo greedy output, and so do the rows already running."""
+    greedy = {"temperature": 0, "logprobs": True}
+    plan = [  # (step at which it joins, prompt, max_tokens)
+        (0, PROMPTS[0], 9),
+        (0, PROMPTS[3], 3),
+        (2, PROMPTS[1], 7),
+        (2, list(range(50, 70)), 5),  # longer than the running cache: the running rows get left-padded
+        (5, PROMPTS[2], 6),
+    ]
+    batch = engine.decode_batch()
+    results, step = {}, 0
+    while step < 50 and (len(results) < len(plan)):
+        admit = [(i, engine.make_request(p, {**greedy, "max_tokens": m})) for i, (s, p, m) in enumerate(plan) if s == step]
+        results.update(engine.decode_step(batch, admit))
+        step += 1
+    assert len(batch) == 0 and len(results) == len(plan)
+    for i, (_, prompt, m) in enumerate(plan):
+        alone = engine.generate(prompt, {**greedy, "max_tokens": m})
+        assert results[i].token_ids == alone["token_ids"], i
+        torch.testing.assert_close(torch.tensor(results[i].log_probs), torch.tensor(alone["log_probs"]), atol=1e-5, rtol=0)

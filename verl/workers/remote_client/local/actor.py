@@ -2,12 +2,13 @@
 
 Every method is ``async`` and pushes the compute to a worker thread
 (``asyncio.to_thread``), so the actor's event loop keeps accepting calls while
-a forward/backward or a decoding batch runs. That is what makes dynamic
+a forward/backward or a decoding step runs. That is what makes continuous
 batching work: ``generate`` calls arriving concurrently (verl's agent loop sends
-one per sample, all at once) queue up, and one batching task decodes up to
-``max_batch_size`` of them together, waiting ``batch_wait_ms`` after the first
-arrival for the rest. Requests that arrive while a batch decodes form the next
-batch.
+one per sample, all at once) queue up; one batching task decodes up to
+``max_batch_size`` of them together (waiting ``batch_wait_ms`` after the first
+arrival into an idle engine for the rest of a burst), admits queued requests
+into the running batch between decode steps, and answers each caller as soon
+as its own row finishes.
 
 The class is plain Python; :func:`remote_engine_class` wraps it with
 ``ray.remote`` so importing this module does not need Ray.
@@ -30,10 +31,13 @@ class EngineActor:
 
     def __init__(self, settings: EngineSettings) -> None:
         self.engine = LocalEngine(settings)
-        self._pending: list[tuple[SampleRequest, asyncio.Future]] = []
+        self._batch = self.engine.decode_batch()
+        self._pending: list[tuple[asyncio.Future, SampleRequest]] = []
         self._wakeup: Optional[asyncio.Event] = None
         self._batcher: Optional[asyncio.Task] = None
-        self.batches_run = 0
+        self._admission_paused = False
+        self._step_in_flight = False
+        self.batches_run = 0  # admission events (prefills), for tests and the benchmark
 
     async def info(self) -> dict[str, Any]:
         return {**self.engine.info(), "batches_run": self.batches_run}
@@ -46,9 +50,6 @@ class EngineActor:
     async def update_actor(self, data: Any, *, actor_config: Any, temperature: float) -> dict:
         return await asyncio.to_thread(self.engine.update_actor, data, actor_config, temperature=temperature)
 
-    async def update_weights(self) -> dict:
-        return await asyncio.to_thread(self.engine.sync_sampler_weights)
-
     async def save_checkpoint(self, path: str, step: Optional[int]) -> str:
         return await asyncio.to_thread(self.engine.save_checkpoint, path, step)
 
@@ -56,12 +57,29 @@ class EngineActor:
         return await asyncio.to_thread(self.engine.load_checkpoint, path, step)
 
     async def generate(self, prompt_ids: Sequence[int], sampling_params: dict[str, Any]) -> dict[str, Any]:
-        """Validate (raising ``ValueError`` before any work), enqueue, await the batched result."""
+        """Validate (raising ``ValueError`` before any work), enqueue, await the result."""
         request = self.engine.make_request(prompt_ids, sampling_params)
         future = asyncio.get_running_loop().create_future()
-        self._pending.append((request, future))
+        self._pending.append((future, request))
         self._ensure_batcher().set()
         return (await future).to_dict()
+
+    async def update_weights(self) -> dict:
+        """Sync the sampler once the running decode batch has drained.
+
+        New requests are held back meanwhile, so every request is decoded
+        entirely with one policy version: in-flight ones with the old weights,
+        later ones with the new.
+        """
+        self._admission_paused = True
+        try:
+            while len(self._batch) or self._step_in_flight:
+                await asyncio.sleep(0.002)
+            return await asyncio.to_thread(self.engine.sync_sampler_weights)
+        finally:
+            self._admission_paused = False
+            if self._wakeup is not None:
+                self._wakeup.set()
 
     def _ensure_batcher(self) -> asyncio.Event:
         if self._wakeup is None:
@@ -71,27 +89,37 @@ class EngineActor:
         return self._wakeup
 
     async def _batch_loop(self) -> None:
+        """Continuous batching: between decode steps, admit queued requests into the running batch."""
         cfg = self.engine.settings.backend
         assert self._wakeup is not None
         while True:
-            if not self._pending:
+            if not len(self._batch) and (not self._pending or self._admission_paused):
                 self._wakeup.clear()
                 await self._wakeup.wait()
-            if len(self._pending) < cfg.max_batch_size and cfg.batch_wait_ms > 0:
-                await asyncio.sleep(cfg.batch_wait_ms / 1000.0)
-            batch = self._pending[: cfg.max_batch_size]
-            del self._pending[: cfg.max_batch_size]
+                continue
+            if not len(self._batch) and len(self._pending) < cfg.max_batch_size and cfg.batch_wait_ms > 0:
+                await asyncio.sleep(cfg.batch_wait_ms / 1000.0)  # let a burst of concurrent calls arrive
+            admit: list = []
+            if not self._admission_paused and self._batch.can_join:
+                room = cfg.max_batch_size - len(self._batch)
+                admit, self._pending = self._pending[:room], self._pending[room:]
+            self._step_in_flight = True
             try:
-                results = await asyncio.to_thread(self.engine.sample, [req for req, _ in batch])
-            except BaseException as exc:  # fail the callers, keep serving
-                for _, fut in batch:
+                finished = await asyncio.to_thread(self.engine.decode_step, self._batch, admit)
+            except BaseException as exc:  # fail every caller in the batch, keep serving
+                failed = [fut for fut, _ in admit] + list(self._batch.keys)
+                self._batch = self.engine.decode_batch()
+                for fut in failed:
                     if not fut.done():
                         fut.set_exception(exc)
                 if isinstance(exc, asyncio.CancelledError):
                     raise
                 continue
-            self.batches_run += 1
-            for (_, fut), result in zip(batch, results):
+            finally:
+                self._step_in_flight = False
+            if admit:
+                self.batches_run += 1
+            for fut, result in finished:
                 if not fut.done():
                     fut.set_result(result)
 

@@ -38,7 +38,7 @@ from .checkpoint import CheckpointError, verify_checkpoint_dir, write_checkpoint
 from .config import ConfigError, EngineSettings
 from .forward import DTYPE_BY_NAME, get_input_tensors, jagged_rows, packed_forward, row_slices
 from .objective import forward_backward, optimizer_step, to_actor_config, train_batch
-from .sampler import SampleRequest, SampleResult, SamplingParams, sample_batch
+from .sampler import DecodeBatch, SampleRequest, SampleResult, SamplingParams, sample_batch
 
 __all__ = ["LocalEngine"]
 
@@ -362,6 +362,22 @@ class LocalEngine:
                 pad_token_id=self.pad_token_id,
                 generator=self.generator,
             )
+
+    def decode_batch(self) -> DecodeBatch:
+        """An empty continuous batch on the sampler's weights; drive it with :meth:`decode_step`."""
+        return DecodeBatch(
+            self.sampler_model, eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
+            generator=self.generator,
+        )
+
+    def decode_step(
+        self, batch: DecodeBatch, admit: Sequence[tuple[Any, SampleRequest]] = ()
+    ) -> list[tuple[Any, SampleResult]]:
+        """Add ``(key, request)`` rows to ``batch`` (prefill), decode one token for all live
+        rows, and return the ``(key, result)`` pairs that finished."""
+        with self._sample_lock:
+            done = batch.admit(admit) if admit else []
+            return done + batch.step()
 
     def generate(self, prompt_ids: Sequence[int], sampling_params: dict[str, Any]) -> dict[str, Any]:
         """One request, unbatched (the Ray actor batches concurrent calls instead)."""

@@ -195,7 +195,8 @@ def train_batch(
     Returns:
         ``{"loss": float (sum over mini-batches of the mini-batch loss),
         "metrics": {name: list[float] (one per optimizer step), "lr": float},
-        "global_token_num": list[int] (tokens of every row processed, per mini-batch)}``.
+        "global_token_num": list[int] (tokens of each sample of ``data``, in batch
+        order, counted once; the caller multiplies by ``epochs`` for MFU)}``.
     """
     cfg = to_actor_config(actor_config)
     data = data.copy()
@@ -218,13 +219,12 @@ def train_batch(
     optimizer.zero_grad(set_to_none=True)
     total = rows // mini_batch_size * epochs
     per_step: list[dict[str, float]] = []
-    token_num: list[int] = []
+    token_num = data["input_ids"].offsets().diff().tolist()
     loss_total, lr = 0.0, None
     iterator = tu.make_iterator(
         data, mini_batch_size=mini_batch_size, epochs=epochs, seed=seed, dataloader_kwargs=dict(dataloader_kwargs)
     )
     for idx, mini_batch in enumerate(iterator):
-        token_num.extend(mini_batch["input_ids"].offsets().diff().tolist())
         out = forward_backward(
             model, mini_batch, cfg, temperature=temperature, pad_token_id=pad_token_id, autocast_dtype=autocast_dtype
         )

@@ -1,11 +1,13 @@
 """Batched autoregressive sampling with a KV cache.
 
-:func:`sample_batch` decodes many requests together: prompts are left-padded
-into one batch, prefilled once, then decoded one token per step for all live
-rows; each row has its own temperature / top-k / top-p / repetition penalty /
-max_tokens, and a row leaves the batch (its KV cache rows are dropped) as soon
-as it emits an EOS id or reaches its ``max_tokens``. Pure functions: no Ray, no
-asyncio; the engine's actor gathers concurrent ``generate`` calls into batches.
+:class:`DecodeBatch` decodes many requests together, continuously: new
+requests are prefilled (left-padded among themselves) and join the running
+batch between decode steps; every step decodes one token for all live rows,
+each with its own temperature / top-k / top-p / repetition penalty /
+max_tokens; a row leaves the batch (and its KV-cache rows are dropped) as soon
+as it emits an EOS id or reaches its ``max_tokens``. :func:`sample_batch` runs
+a fixed list of requests to completion. Pure code: no Ray, no asyncio; the
+engine's actor feeds concurrent ``generate`` calls into one ``DecodeBatch``.
 
 Returned log-probs are those of the *temperature-scaled* distribution
 (``log_softmax(logits / T)``, ``T = 1`` for greedy), before top-k/top-p
@@ -21,7 +23,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
-__all__ = ["SamplingParams", "SampleRequest", "SampleResult", "sample_batch", "process_logits"]
+__all__ = ["SamplingParams", "SampleRequest", "SampleResult", "DecodeBatch", "sample_batch", "process_logits"]
 
 
 @dataclass(frozen=True)
@@ -157,7 +159,198 @@ def _cache_kwarg(model: torch.nn.Module) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-@torch.no_grad()
+class DecodeBatch:
+    """A continuous decoding batch: rows join between steps and leave when done.
+
+    Each row is one request, identified by an opaque ``key``. :meth:`admit`
+    prefills new rows (left-padded among themselves) and merges their KV cache
+    into the running one, left-padding the shorter cache (masked out; positions
+    are explicit per row, so rotary embeddings stay exact). :meth:`step` samples
+    one token for every live row, returns the rows that finished (EOS or
+    ``max_tokens``) and drops them from the batch and cache.
+
+    Joining a running batch needs plain ``DynamicLayer`` caches (full attention);
+    for other cache layouts :attr:`can_join` is False and new rows must wait
+    until the batch is empty.
+
+    Not thread-safe: one owner drives it, holding the sampler model's lock.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        eos_token_ids: Sequence[int],
+        pad_token_id: int,
+        generator: Optional[torch.Generator] = None,
+    ) -> None:
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.vocab = int(model.get_output_embeddings().weight.shape[0])
+        self.eos = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.long, device=self.device)
+        self.pad_token_id = int(pad_token_id)
+        self.generator = generator
+        self._cache_kw = _cache_kwarg(model)
+        self.keys: list[Any] = []
+        self.cache: Any = None
+        self._reset_rows()
+
+    def _reset_rows(self) -> None:
+        dev = self.device
+        self.keys = []
+        self.cache = None
+        self.attn = torch.zeros((0, 0), dtype=torch.long, device=dev)  # [n, cache length]
+        self.next_pos = torch.zeros(0, dtype=torch.long, device=dev)
+        self.logits = torch.zeros((0, self.vocab), device=dev)  # next-token logits of live rows
+        self.temperature = torch.zeros(0, device=dev)
+        self.top_k = torch.zeros(0, dtype=torch.long, device=dev)
+        self.top_p = torch.zeros(0, device=dev)
+        self.penalty = torch.zeros(0, device=dev)
+        self.max_tokens = torch.zeros(0, dtype=torch.long, device=dev)
+        self.want_logprobs = torch.zeros(0, dtype=torch.bool, device=dev)
+        self.seen = torch.zeros((0, self.vocab), dtype=torch.bool, device=dev)
+        self.count = torch.zeros(0, dtype=torch.long, device=dev)
+        self.out_tokens = torch.zeros((0, 0), dtype=torch.long, device=dev)
+        self.out_logps = torch.zeros((0, 0), device=dev)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @property
+    def can_join(self) -> bool:
+        """True when new rows may join now (empty batch, or a plain full-attention KV cache)."""
+        from transformers.cache_utils import DynamicLayer
+
+        return self.cache is None or all(type(layer) is DynamicLayer for layer in self.cache.layers)
+
+    @torch.no_grad()
+    def admit(self, items: Sequence[tuple[Any, SampleRequest]]) -> list[tuple[Any, SampleResult]]:
+        """Prefill ``(key, request)`` pairs and add them to the batch.
+
+        Returns the requests that are already complete (``max_tokens == 0``).
+        Raises ``RuntimeError`` if :attr:`can_join` is False.
+        """
+        from transformers import DynamicCache
+
+        done = [(k, SampleResult([], [] if r.params.logprobs else None)) for k, r in items if r.params.max_tokens <= 0]
+        items = [(k, r) for k, r in items if r.params.max_tokens > 0]
+        if not items:
+            return done
+        if not self.can_join:
+            raise RuntimeError("this model's KV cache layout does not let rows join a running batch")
+        dev, reqs = self.device, [r for _, r in items]
+        m = len(reqs)
+        lens = torch.tensor([len(r.prompt_ids) for r in reqs], device=dev)
+        width = int(lens.max())
+        ids = torch.full((m, width), self.pad_token_id, dtype=torch.long, device=dev)
+        mask = torch.arange(width, device=dev)[None, :] >= (width - lens)[:, None]
+        ids[mask] = torch.tensor([t for r in reqs for t in r.prompt_ids], dtype=torch.long, device=dev)
+        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        logits = self.model(
+            input_ids=ids, attention_mask=mask.long(), position_ids=positions, use_cache=True, logits_to_keep=1,
+            **{self._cache_kw: cache},
+        ).logits[:, -1, :].float()
+        seen = torch.zeros((m, self.vocab), dtype=torch.bool, device=dev)
+        seen[mask.nonzero()[:, 0], ids[mask]] = True
+
+        def col(values, dtype=torch.float32):
+            return torch.tensor(values, dtype=dtype, device=dev)
+
+        self._merge_cache(cache, mask.long())
+        self.keys += [k for k, _ in items]
+        self.next_pos = torch.cat([self.next_pos, positions[:, -1] + 1])
+        self.logits = torch.cat([self.logits, logits])
+        self.temperature = torch.cat([self.temperature, col([r.params.temperature for r in reqs])])
+        self.top_k = torch.cat([self.top_k, col([r.params.top_k for r in reqs], torch.long)])
+        self.top_p = torch.cat([self.top_p, col([r.params.top_p for r in reqs])])
+        self.penalty = torch.cat([self.penalty, col([r.params.repetition_penalty for r in reqs])])
+        self.max_tokens = torch.cat([self.max_tokens, col([r.params.max_tokens for r in reqs], torch.long)])
+        self.want_logprobs = torch.cat([self.want_logprobs, col([r.params.logprobs for r in reqs], torch.bool)])
+        self.seen = torch.cat([self.seen, seen])
+        self.count = torch.cat([self.count, torch.zeros(m, dtype=torch.long, device=dev)])
+        steps = max(self.out_tokens.shape[1], int(self.max_tokens.max()))
+        self.out_tokens = torch.cat([_pad_cols(self.out_tokens, steps, -1), torch.full((m, steps), -1, device=dev)])
+        self.out_logps = torch.cat([_pad_cols(self.out_logps, steps, 0.0), torch.zeros((m, steps), device=dev)])
+        return done
+
+    def _merge_cache(self, new_cache: Any, new_attn: torch.Tensor) -> None:
+        from transformers import DynamicCache
+
+        if self.cache is None:
+            self.cache, self.attn = new_cache, new_attn
+            return
+        width = max(self.attn.shape[1], new_attn.shape[1])
+
+        def left_pad(t: torch.Tensor, dim: int) -> torch.Tensor:
+            missing = width - t.shape[dim]
+            if missing == 0:
+                return t
+            shape = list(t.shape)
+            shape[dim] = missing
+            return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+        layers = [
+            (torch.cat([left_pad(a.keys, 2), left_pad(b.keys, 2)]), torch.cat([left_pad(a.values, 2), left_pad(b.values, 2)]))
+            for a, b in zip(self.cache.layers, new_cache.layers)
+        ]
+        self.cache = DynamicCache(ddp_cache_data=layers)
+        self.attn = torch.cat([left_pad(self.attn, 1), left_pad(new_attn, 1)])
+
+    @torch.no_grad()
+    def step(self) -> list[tuple[Any, SampleResult]]:
+        """Sample one token for every live row; return (and drop) the rows that finished."""
+        if not self.keys:
+            return []
+        n = len(self.keys)
+        rows = torch.arange(n, device=self.device)
+        logits = self.logits
+        if bool((self.penalty != 1.0).any()):
+            p = self.penalty[:, None]
+            logits = torch.where(self.seen, torch.where(logits > 0, logits / p, logits * p), logits)
+        tokens, logps = process_logits(logits, self.temperature, self.top_k, self.top_p, self.generator)
+        self.out_tokens[rows, self.count] = tokens
+        self.out_logps[rows, self.count] = logps
+        self.count += 1
+        self.seen[rows, tokens] = True
+        finished = torch.isin(tokens, self.eos) | (self.count >= self.max_tokens)
+
+        results: list[tuple[Any, SampleResult]] = []
+        if bool(finished.any()):
+            idx = finished.nonzero().squeeze(-1).tolist()
+            counts = self.count[finished].tolist()
+            toks = self.out_tokens[finished].cpu()
+            lps = self.out_logps[finished].cpu()
+            want = self.want_logprobs[finished].tolist()
+            for j, (i, c) in enumerate(zip(idx, counts)):
+                logp = lps[j, :c].tolist() if want[j] else None
+                results.append((self.keys[i], SampleResult(toks[j, :c].tolist(), logp)))
+            if bool(finished.all()):
+                self._reset_rows()
+                return results
+            keep = (~finished).nonzero().squeeze(-1)
+            self.cache.batch_select_indices(keep)
+            self.keys = [self.keys[i] for i in keep.tolist()]
+            for name in ("attn", "next_pos", "temperature", "top_k", "top_p", "penalty", "max_tokens",
+                         "want_logprobs", "seen", "count", "out_tokens", "out_logps"):
+                setattr(self, name, getattr(self, name)[keep])
+            tokens = tokens[keep]
+
+        self.attn = torch.cat([self.attn, torch.ones_like(self.attn[:, :1])], dim=1)
+        self.logits = self.model(
+            input_ids=tokens[:, None], attention_mask=self.attn, position_ids=self.next_pos[:, None], use_cache=True,
+            **{self._cache_kw: self.cache},
+        ).logits[:, -1, :].float()
+        self.next_pos = self.next_pos + 1
+        return results
+
+
+def _pad_cols(t: torch.Tensor, width: int, value: float) -> torch.Tensor:
+    if t.shape[1] >= width:
+        return t
+    return torch.cat([t, torch.full((t.shape[0], width - t.shape[1]), value, dtype=t.dtype, device=t.device)], dim=1)
+
+
 def sample_batch(
     model: torch.nn.Module,
     requests: Sequence[SampleRequest],
@@ -166,84 +359,13 @@ def sample_batch(
     pad_token_id: int,
     generator: Optional[torch.Generator] = None,
 ) -> list[SampleResult]:
-    """Decode ``requests`` together with a KV cache; results in request order.
+    """Decode ``requests`` together (one :class:`DecodeBatch`); results in request order.
 
     Cost: one prefill over ``[n, max prompt]`` then one forward of the live rows
     per generated token; finished rows are removed from the batch and cache.
     """
-    from transformers import DynamicCache
-
-    results = [SampleResult([], [] if r.params.logprobs else None) for r in requests]
-    live = [i for i, r in enumerate(requests) if r.params.max_tokens > 0]
-    if not live:
-        return results
-    device = next(model.parameters()).device
-    reqs = [requests[i] for i in live]
-    n = len(reqs)
-    prompt_lens = torch.tensor([len(r.prompt_ids) for r in reqs], device=device)
-    width = int(prompt_lens.max())
-
-    # Left-pad so every row's next token sits in the last column.
-    ids = torch.full((n, width), pad_token_id, dtype=torch.long, device=device)
-    mask = torch.arange(width, device=device)[None, :] >= (width - prompt_lens)[:, None]
-    ids[mask] = torch.tensor([t for r in reqs for t in r.prompt_ids], dtype=torch.long, device=device)
-    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
-
-    temperature = torch.tensor([r.params.temperature for r in reqs], device=device)
-    top_k = torch.tensor([r.params.top_k for r in reqs], dtype=torch.long, device=device)
-    top_p = torch.tensor([r.params.top_p for r in reqs], device=device)
-    penalty = torch.tensor([r.params.repetition_penalty for r in reqs], device=device)
-    max_tokens = torch.tensor([r.params.max_tokens for r in reqs], device=device)
-    eos = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.long, device=device)
-    rows = torch.arange(n, device=device)  # live row -> index into reqs
-
-    vocab = model.get_output_embeddings().weight.shape[0]
-    use_penalty = bool((penalty != 1.0).any())
-    seen = torch.zeros((n, vocab), dtype=torch.bool, device=device)
-    if use_penalty:
-        seen[mask.nonzero()[:, 0], ids[mask]] = True
-
-    steps = int(max_tokens.max())
-    out_tokens = torch.full((n, steps), -1, dtype=torch.long, device=device)
-    out_logps = torch.zeros((n, steps), dtype=torch.float32, device=device)
-    lengths = torch.zeros(n, dtype=torch.long, device=device)
-
-    cache = DynamicCache()
-    cache_kw = {_cache_kwarg(model): cache}
-    attn = mask.long()
-    logits = model(
-        input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=True, logits_to_keep=1, **cache_kw
-    ).logits[:, -1, :].float()
-    next_pos = positions[:, -1] + 1
-
-    for step in range(steps):
-        if use_penalty:
-            p = penalty[rows][:, None]
-            s = seen[rows]
-            logits = torch.where(s, torch.where(logits > 0, logits / p, logits * p), logits)
-        tokens, logps = process_logits(logits, temperature[rows], top_k[rows], top_p[rows], generator)
-        out_tokens[rows, step] = tokens
-        out_logps[rows, step] = logps
-        lengths[rows] = step + 1
-        if use_penalty:
-            seen[rows, tokens] = True
-        done = torch.isin(tokens, eos) | (step + 1 >= max_tokens[rows])
-        if bool(done.all()):
-            break
-        if bool(done.any()):
-            keep = (~done).nonzero().squeeze(-1)
-            cache.batch_select_indices(keep)
-            rows, tokens, attn, next_pos = rows[keep], tokens[keep], attn[keep], next_pos[keep]
-        attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
-        logits = model(
-            input_ids=tokens[:, None], attention_mask=attn, position_ids=next_pos[:, None], use_cache=True, **cache_kw
-        ).logits[:, -1, :].float()
-        next_pos = next_pos + 1
-
-    tokens_cpu, logps_cpu, lengths_cpu = out_tokens.cpu(), out_logps.cpu(), lengths.cpu().tolist()
-    for j, i in enumerate(live):
-        length = lengths_cpu[j]
-        results[i].token_ids = tokens_cpu[j, :length].tolist()
-        if results[i].log_probs is not None:
-            results[i].log_probs = logps_cpu[j, :length].tolist()
-    return results
+    batch = DecodeBatch(model, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, generator=generator)
+    results: dict[int, SampleResult] = dict(batch.admit(list(enumerate(requests))))
+    while len(batch):
+        results.update(batch.step())
+    return [results[i] for i in range(len(requests))]
