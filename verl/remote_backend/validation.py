@@ -14,6 +14,7 @@ checkpoint directory); none imports Ray or starts anything. Extend this module
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -204,7 +205,10 @@ def validate_remote_backend_config(config: "DictConfig", *, check_resume: bool =
             "remote backends do not provide a critic (value model)",
             "set critic.enable=null (or false) and use a critic-free estimator such as algorithm.adv_estimator=grpo",
         )
-    if need_critic(config):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # verl warns "Disabled critic ..." itself later
+        critic_needed = need_critic(config)
+    if critic_needed:
         raise _fail(
             "algorithm.adv_estimator",
             str(config.algorithm.adv_estimator),

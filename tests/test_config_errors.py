@@ -1,0 +1,184 @@
+"""Bad configurations fail before any worker starts, naming the setting and the fix.
+
+Each case composes the entry point's config and calls the entry point's ``run``:
+the error must come from validation on the driver, before ``ray.init`` (so no
+placement group, worker or engine ever starts).
+"""
+
+from __future__ import annotations
+
+import pytest
+import ray
+
+from remote_e2e import compose
+from verl.remote_backend import RemoteBackend, RemoteBackendRegistry, UnknownBackendError
+from verl.remote_backend.main_ppo import run
+from verl.remote_backend.validation import (
+    REMOTE_ROLLOUT_NAME,
+    RemoteBackendConfigError,
+    required_ray_cpus,
+    validate_remote_backend_config,
+)
+
+# The smallest valid remote-backend config; each test changes one thing.
+GOOD = [
+    "trainer.remote_backend=local",
+    "trainer.use_legacy_worker_impl=disable",
+    "trainer.device=cpu",
+    "trainer.n_gpus_per_node=1",
+    "trainer.nnodes=1",
+    "actor_rollout_ref.rollout.name=remote",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+    "algorithm.adv_estimator=grpo",
+    "trainer.resume_mode=disable",
+]
+
+
+def _with(*changes: str) -> list[str]:
+    keys = {c.split("=", 1)[0] for c in changes}
+    return [o for o in GOOD if o.split("=", 1)[0] not in keys] + list(changes)
+
+
+def _fails_before_workers(overrides, error=RemoteBackendConfigError):
+    assert not ray.is_initialized()
+    with pytest.raises(error) as info:
+        run(compose(overrides))
+    assert not ray.is_initialized(), "validation must run before ray.init"
+    return str(info.value)
+
+
+def test_the_minimal_config_is_valid():
+    plan = validate_remote_backend_config(compose(GOOD))
+    assert plan.name == "local" and plan.num_forwarders == 1 and plan.num_replicas == 1
+    assert plan.resume_from is None
+    assert REMOTE_ROLLOUT_NAME == "remote"
+
+
+def test_unknown_backend_lists_the_known_ones_and_how_to_register():
+    message = _fails_before_workers(_with("trainer.remote_backend=nope"), UnknownBackendError)
+    assert "trainer.remote_backend=nope" in message
+    assert "local" in message and "arctic" in message
+    assert "RemoteBackendRegistry.register" in message
+
+
+def test_two_forwarders_for_a_single_forwarder_backend_is_refused():
+    message = _fails_before_workers(_with("trainer.n_gpus_per_node=2"))
+    assert "trainer.n_gpus_per_node * trainer.nnodes" in message
+    assert "needs exactly one CPU forwarder" in message
+    assert "Fix: set trainer.n_gpus_per_node=1 trainer.nnodes=1" in message
+
+
+def test_rollout_parallelism_that_yields_zero_replicas_is_refused():
+    # verl's default tensor_model_parallel_size=2 with one forwarder gives 1 // 2 = 0 replicas
+    message = _fails_before_workers(_with("actor_rollout_ref.rollout.tensor_model_parallel_size=2"))
+    assert "actor_rollout_ref.rollout.tensor_model_parallel_size=2" in message
+    assert "= 0 rollout replicas" in message
+    assert "Fix: set actor_rollout_ref.rollout.tensor_model_parallel_size=1" in message
+
+
+@pytest.mark.parametrize(
+    "change, setting, fix",
+    [
+        ("trainer.use_legacy_worker_impl=auto", "trainer.use_legacy_worker_impl", "use_legacy_worker_impl=disable"),
+        ("trainer.device=cuda", "trainer.device", "set trainer.device=cpu"),
+        ("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.name", "rollout.name=remote"),
+        ("algorithm.adv_estimator=gae", "algorithm.adv_estimator", "adv_estimator=grpo"),
+        ("critic.enable=true", "critic.enable", "critic.enable=null"),
+        ("reward.reward_model.enable=true", "reward.reward_model.enable", "reward_model.enable=false"),
+        ("trainer.default_hdfs_dir=hdfs://x", "trainer.default_hdfs_dir", "default_hdfs_dir=null"),
+        ("ray_kwargs.ray_init.num_cpus=1", "ray_kwargs.ray_init.num_cpus", "at least 3"),
+        (
+            "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
+            "actor_rollout_ref.rollout.checkpoint_engine.backend",
+            "backend=naive",
+        ),
+    ],
+)
+def test_other_unsupported_settings_name_the_setting_and_the_fix(change, setting, fix):
+    message = _fails_before_workers(_with(change))
+    assert message.startswith(setting), message
+    assert "Fix:" in message and fix in message
+
+
+class _NoResumeBackend(RemoteBackend):
+    """Implements the nine methods only: no load_checkpoint."""
+
+    @classmethod
+    def from_config(cls, main_config, *, handle=None):
+        raise AssertionError("validation must fail before the backend is created")
+
+    def reconnect_handle(self):
+        return {}
+
+    def destroy(self):
+        return None
+
+    def requires_single_forwarder(self):
+        return True
+
+    async def compute_log_prob(self, data, **kwargs):
+        raise NotImplementedError
+
+    async def update_actor(self, data, **kwargs):
+        raise NotImplementedError
+
+    async def generate(self, prompt_ids, sampling_params):
+        raise NotImplementedError
+
+    async def update_weights(self):
+        return None
+
+    async def save_checkpoint(self, path=None, step=None):
+        return path
+
+
+@pytest.fixture
+def no_resume_backend():
+    RemoteBackendRegistry.register("test-no-resume")(_NoResumeBackend)
+    yield "test-no-resume"
+    RemoteBackendRegistry.unregister("test-no-resume")
+
+
+def _fake_checkpoint(root, step: int) -> None:
+    (root / f"global_step_{step}" / "actor").mkdir(parents=True)
+    (root / "latest_checkpointed_iteration.txt").write_text(str(step))
+
+
+def test_resume_with_a_backend_that_cannot_load_fails_at_start_up(no_resume_backend, tmp_path):
+    _fake_checkpoint(tmp_path, 4)
+    overrides = _with(
+        f"trainer.remote_backend={no_resume_backend}", "trainer.resume_mode=auto", f"trainer.default_local_dir={tmp_path}"
+    )
+    message = _fails_before_workers(overrides)
+    assert message.startswith("trainer.resume_mode='auto'")
+    assert str(tmp_path / "global_step_4") in message and "cannot load checkpoints" in message
+    assert "Fix: set trainer.resume_mode=disable" in message
+    # resume_path asks explicitly
+    message = _fails_before_workers(
+        _with(
+            f"trainer.remote_backend={no_resume_backend}",
+            "trainer.resume_mode=resume_path",
+            f"trainer.resume_from_path={tmp_path}/global_step_4",
+        )
+    )
+    assert "cannot load checkpoints" in message
+
+
+def test_auto_resume_without_a_checkpoint_starts_from_scratch_even_without_load(no_resume_backend, tmp_path):
+    overrides = _with(
+        f"trainer.remote_backend={no_resume_backend}", "trainer.resume_mode=auto", f"trainer.default_local_dir={tmp_path}"
+    )
+    plan = validate_remote_backend_config(compose(overrides))
+    assert plan.resume_from is None
+
+
+def test_local_backend_resume_is_accepted(tmp_path):
+    _fake_checkpoint(tmp_path, 2)
+    plan = validate_remote_backend_config(
+        compose(_with("trainer.resume_mode=auto", f"trainer.default_local_dir={tmp_path}"))
+    )
+    assert plan.resume_from == str(tmp_path / "global_step_2")
+
+
+def test_required_ray_cpus_counts_runner_and_forwarders():
+    assert required_ray_cpus(compose(GOOD)) == 2

@@ -1,0 +1,191 @@
+"""The forwarder worker, in-process, against a backend that reports 8 GPUs of known peak.
+
+MFU must be the model FLOPs of the processed tokens (verl's Qwen2 formula)
+divided by the call's duration and by 8 x the *backend's* peak - not by the
+forwarder's CPU. The same calls check the packed -> nested rebuild and the
+metric normalisation the trainer relies on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from remote_e2e import build_model, compose
+from verl.remote_backend import RemoteBackend, RemoteBackendRegistry
+from verl.utils import tensordict_utils as tu
+
+PEAK = 989e12  # one device, FLOP/s
+GPUS = 8
+DEVICE = {"type": "cuda", "count": GPUS, "peak_flops": PEAK, "name": "NVIDIA H100 80GB HBM3"}
+SECONDS = 2.5  # the pinned duration of every backend call
+
+
+class EightGpuBackend(RemoteBackend):
+    """Answers instantly with fixed values, reports an 8-GPU device, records checkpoint calls."""
+
+    calls: list = []
+
+    @classmethod
+    def from_config(cls, main_config, *, handle=None):
+        return cls()
+
+    def reconnect_handle(self):
+        return {}
+
+    def destroy(self):
+        return None
+
+    def requires_single_forwarder(self):
+        return True
+
+    async def compute_log_prob(self, data, *, ref, calculate_entropy, rollout_n, temperature, pad_token_id):
+        total = data["input_ids"].values().shape[0]
+        out = {"log_probs": torch.full((total,), -1.0 if not ref else -2.0)}
+        if calculate_entropy:
+            out["entropy"] = torch.arange(total, dtype=torch.float32)
+        return {"model_output": out, "metrics": {}, "device": DEVICE}
+
+    async def update_actor(self, data, *, actor_config, pad_token_id, rollout_n, temperature):
+        return {
+            "loss": [0.25, 0.75],
+            "metrics": {"pg_loss": [0.1, 0.3], "grad_norm": 2.0, "actor/ppo_kl": 0.0},
+            "global_token_num": data["input_ids"].offsets().diff().tolist(),
+            "device": DEVICE,
+        }
+
+    async def generate(self, prompt_ids, sampling_params):
+        raise NotImplementedError
+
+    async def update_weights(self):
+        return None
+
+    async def save_checkpoint(self, path=None, step=None):
+        Path(path).mkdir(parents=True, exist_ok=True)
+        self.calls.append(("save", path, step))
+        return path
+
+    async def load_checkpoint(self, path, step):
+        self.calls.append(("load", path, step))
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    return build_model(tmp_path_factory.mktemp("mfu_model"))
+
+
+@pytest.fixture
+def forwarder(model_dir, monkeypatch):
+    import verl.remote_backend.worker as worker_module
+
+    for key, value in {"WORLD_SIZE": "1", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29591"}.items():
+        monkeypatch.setenv(key, value)
+    # every backend call starts at 100 * i and ends SECONDS later
+    clock_values = iter(v for pair in ((100.0 * i, 100.0 * i + SECONDS) for i in itertools.count()) for v in pair)
+    monkeypatch.setattr(worker_module, "_clock", lambda: next(clock_values))
+    RemoteBackendRegistry.register("test-8gpu")(EightGpuBackend)
+    cfg = compose(
+        [
+            "trainer.remote_backend=test-8gpu",
+            f"actor_rollout_ref.model.path={model_dir}",
+            "actor_rollout_ref.rollout.n=2",
+            "actor_rollout_ref.rollout.temperature=0.9",
+        ]
+    )
+    worker = worker_module.RemoteBackendWorker(cfg.actor_rollout_ref, role="actor_rollout_ref")
+    worker.init_model()
+    worker.attach_backend(cfg, {})
+    yield worker
+    RemoteBackendRegistry.unregister("test-8gpu")
+
+
+def _batch(lengths=(5, 7), epochs=2):
+    values = torch.arange(sum(lengths)) % 50 + 3
+    offsets = torch.tensor([0, *itertools.accumulate(lengths)])
+    td = tu.get_tensordict(
+        {
+            "input_ids": torch.nested.nested_tensor_from_jagged(values, offsets=offsets),
+            "position_ids": torch.nested.nested_tensor_from_jagged(torch.cat([torch.arange(n) for n in lengths]), offsets=offsets),
+        },
+        {"epochs": epochs, "temperature": 0.9, "calculate_entropy": True},
+    )
+    return td
+
+
+def _hand_computed_flops(model_dir: str, seqlens: list[int]) -> float:
+    """verl's Qwen2 count, written out: 6 * dense params * tokens + 6 * sum(s^2) * head_dim * heads * layers."""
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    h, v, layers = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+    heads, kv_heads, inter = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["intermediate_size"]
+    head_dim = h // heads
+    attn_linear = h * (heads * head_dim + 2 * kv_heads * head_dim + heads * head_dim)
+    dense = (3 * h * inter + attn_linear) * layers + 2 * v * h
+    return 6 * dense * sum(seqlens) + 6 * sum(s * s for s in seqlens) * head_dim * heads * layers
+
+
+def test_update_mfu_uses_the_backends_eight_gpus_and_peak(forwarder, model_dir):
+    out = asyncio.run(forwarder.update_actor(_batch(epochs=2)))
+    metrics = tu.get(out, "metrics")
+    # two PPO epochs: every token was processed twice
+    expected = _hand_computed_flops(model_dir, [5, 7, 5, 7]) / SECONDS / (GPUS * PEAK)
+    assert metrics["mfu"] == pytest.approx(expected, rel=1e-9)
+    # against the forwarder's own CPU (verl's 448 GFLOP/s, one device) it would be ~17,700x larger
+    assert metrics["mfu"] < 1e-6
+    from verl.utils.metric import reduce_metrics
+
+    reduced = reduce_metrics({k: v for k, v in metrics.items()})
+    assert reduced["pg_loss"] == pytest.approx(0.2) and reduced["grad_norm"] == 2.0
+    assert reduced["loss"] == pytest.approx(0.5) and "ppo_kl" in reduced
+
+
+def test_log_prob_mfu_is_a_third_and_outputs_are_nested(forwarder, model_dir):
+    out = asyncio.run(forwarder.compute_log_prob(_batch()))
+    expected = _hand_computed_flops(model_dir, [5, 7]) / SECONDS / (GPUS * PEAK) / 3
+    metrics = tu.get(out, "metrics")
+    assert isinstance(metrics["mfu"], float)  # logged as is by the trainer
+    assert metrics["mfu"] == pytest.approx(expected, rel=1e-9)
+    log_probs, entropy = out["log_probs"], out["entropy"]
+    assert log_probs.is_nested and log_probs.offsets().diff().tolist() == [5, 7]
+    assert entropy.values().tolist() == [float(i) for i in range(12)]
+    ref = asyncio.run(forwarder.compute_ref_log_prob(_batch()))
+    assert set(ref["log_probs"].values().tolist()) == {-2.0}
+
+
+def test_forwarder_passes_verls_values_to_the_backend(forwarder, model_dir):
+    from transformers import AutoTokenizer
+
+    assert forwarder._temperature(_batch()) == pytest.approx(0.9)
+    assert forwarder._pad_token_id == AutoTokenizer.from_pretrained(model_dir).pad_token_id
+    assert OmegaConf.select(forwarder.config, "rollout.n") == 2
+
+
+def test_checkpoints_are_forwarded_with_verls_path_and_step_and_pruned(forwarder, tmp_path):
+    EightGpuBackend.calls.clear()
+    paths = [str(tmp_path / f"global_step_{i}" / "actor") for i in (1, 2, 3)]
+    for step, path in enumerate(paths, start=1):
+        assert asyncio.run(forwarder.save_checkpoint(path, None, step, max_ckpt_to_keep=2)) == path
+    assert EightGpuBackend.calls == [("save", p, i) for i, p in enumerate(paths, start=1)]
+    # verl's retention: only the newest two actor checkpoints this worker wrote remain
+    assert [Path(p).exists() for p in paths] == [False, True, True]
+    asyncio.run(forwarder.load_checkpoint(paths[2]))
+    assert EightGpuBackend.calls[-1] == ("load", paths[2], 3)
+    with pytest.raises(ValueError, match="global_step_<N>"):
+        asyncio.run(forwarder.load_checkpoint(str(tmp_path / "latest" / "actor")))
+
+
+def test_resume_without_the_capability_is_a_clear_error(forwarder, monkeypatch):
+    monkeypatch.delattr(EightGpuBackend, "load_checkpoint")
+    with pytest.raises(RuntimeError, match="resume_mode=disable"):
+        asyncio.run(forwarder.load_checkpoint("/x/global_step_1/actor"))
+
+
+def test_a_forwarder_without_a_backend_says_how_it_gets_one(forwarder):
+    asyncio.run(forwarder.detach_backend())
+    with pytest.raises(RuntimeError, match="attach_backend"):
+        asyncio.run(forwarder.update_actor(_batch()))
