@@ -21,10 +21,22 @@ import json
 import os
 import shutil
 import tempfile
+import random
 import uuid
 from typing import Any, Callable, Mapping, Optional
 
-__all__ = ["CheckpointError", "write_checkpoint_dir", "verify_checkpoint_dir", "MANIFEST", "FORMAT_VERSION"]
+import numpy as np
+import torch
+
+__all__ = [
+    "CheckpointError",
+    "write_checkpoint_dir",
+    "verify_checkpoint_dir",
+    "get_rng_state",
+    "set_rng_state",
+    "MANIFEST",
+    "FORMAT_VERSION",
+]
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -126,3 +138,30 @@ def _sha256(file: str) -> str:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def get_rng_state(generator: torch.Generator) -> dict[str, Any]:
+    """Every RNG a training step or sample can touch, in ``torch.load(weights_only=True)``-safe types."""
+    np_state = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "python": random.getstate(),
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
+        "sampler": generator.get_state(),
+    }
+
+
+def set_rng_state(state: dict[str, Any], generator: torch.Generator) -> None:
+    """Inverse of :func:`get_rng_state`."""
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    random.setstate(_as_tuple(state["python"]))
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
+    generator.set_state(state["sampler"])
+
+
+def _as_tuple(obj: Any) -> Any:
+    return tuple(_as_tuple(o) for o in obj) if isinstance(obj, (list, tuple)) else obj

@@ -24,7 +24,6 @@ from __future__ import annotations
 import copy
 import os
 import platform
-import random
 import threading
 from typing import Any, Optional, Sequence, Union
 
@@ -34,10 +33,11 @@ from tensordict import TensorDict
 
 from verl.remote_backend.base import BackendDevice
 
-from .checkpoint import CheckpointError, verify_checkpoint_dir, write_checkpoint_dir
+from .checkpoint import CheckpointError, get_rng_state, set_rng_state, verify_checkpoint_dir, write_checkpoint_dir
 from .config import ConfigError, EngineSettings
 from .forward import DTYPE_BY_NAME, get_input_tensors, jagged_rows, packed_forward, row_slices
 from .objective import forward_backward, optimizer_step, to_actor_config, train_batch
+from .optim import build_optimizer_and_scheduler
 from .sampler import DecodeBatch, SampleRequest, SampleResult, SamplingParams, sample_batch
 
 __all__ = ["LocalEngine"]
@@ -76,7 +76,7 @@ class LocalEngine:
         sampler_dtype = DTYPE_BY_NAME[cfg.sampler_dtype] if cfg.sampler_dtype else self.dtype
         self.sampler_model = self._frozen(copy.deepcopy(self.model).to(sampler_dtype))
 
-        self.optimizer, self.lr_scheduler = self._build_optimizer()
+        self.optimizer, self.lr_scheduler = build_optimizer_and_scheduler(self.model, settings)
 
         gen_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
         eos = [self.tokenizer.eos_token_id] + (list(gen_eos) if isinstance(gen_eos, (list, tuple)) else [gen_eos])
@@ -116,51 +116,6 @@ class LocalEngine:
         model.eval()
         model.requires_grad_(False)
         return model
-
-    def _build_optimizer(self) -> tuple[torch.optim.Optimizer, Any]:
-        """verl's optimizer and LR schedule, built as its FSDP engine builds them."""
-        from verl.utils.config import omega_conf_to_dataclass
-        from verl.utils.torch_functional import get_constant_schedule_with_warmup, get_cosine_schedule_with_warmup
-        from verl.workers.config import FSDPOptimizerConfig
-        from verl.workers.config.optimizer import build_optimizer
-
-        raw = dict(self.settings.optim)
-        raw["total_training_steps"] = self.settings.total_training_steps
-        raw.pop("grad_clip", None)  # deprecated alias; resolved into settings.grad_clip
-        try:
-            ocfg = omega_conf_to_dataclass(raw, FSDPOptimizerConfig)
-        except Exception as exc:
-            raise ConfigError(f"actor_rollout_ref.actor.optim is invalid: {exc}") from exc
-        optimizer = build_optimizer([p for p in self.model.parameters() if p.requires_grad], ocfg)
-        total = int(ocfg.total_training_steps)
-        warmup = ocfg.lr_warmup_steps if ocfg.lr_warmup_steps is not None else -1
-        if warmup <= 0:
-            if ocfg.lr_warmup_steps_ratio > 0 and total <= 0:
-                raise ConfigError(
-                    "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio > 0 needs the number of training steps: "
-                    "set trainer.total_training_steps or actor_rollout_ref.actor.optim.lr_warmup_steps"
-                )
-            warmup = int(ocfg.lr_warmup_steps_ratio * max(total, 0))
-        if ocfg.lr_scheduler_type == "constant":
-            scheduler = get_constant_schedule_with_warmup(optimizer=optimizer, num_warmup_steps=warmup)
-        elif ocfg.lr_scheduler_type == "cosine":
-            if total <= 0:
-                raise ConfigError(
-                    "actor_rollout_ref.actor.optim.lr_scheduler_type=cosine needs trainer.total_training_steps"
-                )
-            scheduler = get_cosine_schedule_with_warmup(
-                optimizer=optimizer,
-                num_warmup_steps=warmup,
-                num_training_steps=total,
-                min_lr_ratio=ocfg.min_lr_ratio or 0.0,
-                num_cycles=ocfg.num_cycles,
-                zero_indexed_step=ocfg.zero_indexed_step,
-            )
-        else:
-            raise ConfigError(
-                f"actor_rollout_ref.actor.optim.lr_scheduler_type={ocfg.lr_scheduler_type!r}: use constant or cosine"
-            )
-        return optimizer, scheduler
 
     # ------------------------------------------------------------------ info
     def device_report(self) -> dict[str, Any]:
@@ -410,7 +365,7 @@ class LocalEngine:
                 "global_step": step,
                 "optimizer_steps": self.optimizer_steps,
                 "policy_version": self.policy_version,
-                "rng": _rng_state(self.generator),
+                "rng": get_rng_state(self.generator),
             }
             writers = {
                 _MODEL_FILE: lambda f: save_model(self.model, f),
@@ -442,7 +397,7 @@ class LocalEngine:
                 raise CheckpointError(f"checkpoint {path} could not be loaded into this model: {exc}") from exc
             self.optimizer.load_state_dict(optim_state["optimizer"])
             self.lr_scheduler.load_state_dict(optim_state["lr_scheduler"])
-            _set_rng_state(state["rng"], self.generator)
+            set_rng_state(state["rng"], self.generator)
             self.global_step = int(state["global_step"])
             self.optimizer_steps = int(state["optimizer_steps"])
             self.policy_version = int(state["policy_version"]) - 1
@@ -453,28 +408,3 @@ class LocalEngine:
     def _check_token_ids(self, ids: torch.Tensor) -> None:
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
             raise ValueError(f"input_ids contains ids outside the vocabulary [0, {self.vocab_size})")
-
-
-def _rng_state(generator: torch.Generator) -> dict[str, Any]:
-    np_state = np.random.get_state()
-    return {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "python": random.getstate(),
-        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
-        "sampler": generator.get_state(),
-    }
-
-
-def _set_rng_state(state: dict[str, Any], generator: torch.Generator) -> None:
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    random.setstate(_as_tuple(state["python"]))
-    name, keys, *rest = state["numpy"]
-    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
-    generator.set_state(state["sampler"])
-
-
-def _as_tuple(obj: Any) -> Any:
-    return tuple(_as_tuple(o) for o in obj) if isinstance(obj, (list, tuple)) else obj
