@@ -10,14 +10,12 @@ import textwrap
 import pytest
 import yaml
 
-from verl.workers.remote_client.arctic.config import (
-    ArcticConfig,
-    ConfigError,
+from verl.workers.remote_client.arctic.config import ArcticConfig, ConfigError, load_arctic_config
+from verl.workers.remote_client.arctic.derive import (
     build_client_config,
     check_loss_compatibility,
     derive_ds_config,
     derive_vllm_config,
-    load_arctic_config,
 )
 
 from arctic_standin.harness import ARCTIC_YAML, compose_config

@@ -40,24 +40,13 @@ import arctic_platform.client as arctic_client  # noqa: F401  (fails early with 
 from verl.remote_backend.base import BackendDevice, RemoteBackend
 from verl.remote_backend.registry import RemoteBackendRegistry
 from verl.workers.remote_client.arctic import bodies
-from verl.workers.remote_client.arctic.config import (
-    ArcticConfig,
-    ConfigError,
-    build_client_config,
-    check_loss_compatibility,
-    load_arctic_config,
-    resolved_log_prob_gpus,
-)
-from verl.workers.remote_client.arctic.errors import (
-    ArcticResponseError,
-    PromptRoundTripError,
-    probe_health,
-    require,
-    require_tensor,
-    translate_error,
-)
+from verl.workers.remote_client.arctic.config import ArcticConfig, ConfigError, load_arctic_config
+from verl.workers.remote_client.arctic.derive import build_client_config, check_loss_compatibility, resolved_log_prob_gpus
+from verl.workers.remote_client.arctic.errors import ArcticResponseError, probe_health, require, require_tensor, translate_error
+from verl.workers.remote_client.arctic.generation import get_path as _get
+from verl.workers.remote_client.arctic.generation import load_tokenizer, parse_result, prompt_text
 from verl.workers.remote_client.arctic.launcher import ServerProcess, launch_server
-from verl.workers.remote_client.arctic.payload import dense_to_packed, map_step_metrics, aggregate_update_metrics, reduce_metric
+from verl.workers.remote_client.arctic.payload import aggregate_update_metrics, dense_to_packed, map_step_metrics, reduce_metric
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -268,8 +257,12 @@ class ArcticBackend(RemoteBackend):
         :class:`PromptRoundTripError`. The completion comes back as the sampler's
         own ``token_ids``, never re-tokenized.
         """
+        if sampling_params.get("max_tokens") is None:
+            raise ValueError("generate: sampling_params['max_tokens'] is required (the rollout server caps it at rollout.response_length)")
         ids = [int(t) for t in prompt_ids]
-        text = self._roundtrip_text(ids)
+        if self._tokenizer is None:
+            self._tokenizer = load_tokenizer(self._main)
+        text = prompt_text(self._tokenizer, ids, add_special_tokens=self.cfg.generate.add_special_tokens)
         want_logprobs = bool(sampling_params.get("logprobs", False))
         params = {
             "max_tokens": int(sampling_params["max_tokens"]),
@@ -284,12 +277,7 @@ class ArcticBackend(RemoteBackend):
         if not isinstance(results, list) or len(results) != 1:
             raise ArcticResponseError(f"Arctic generate: expected a list with 1 result, got {type(results).__name__} {results!r:.200}")
         result = results[0]
-        token_ids = require(result, "token_ids", op="generate", where="generate result", kind=list)
-        if not all(isinstance(t, int) and not isinstance(t, bool) for t in token_ids):
-            raise ArcticResponseError("Arctic generate: generate result.token_ids must be a list of ints")
-        log_probs = _sampled_logprobs(result, token_ids) if want_logprobs else None
-        finish = result.get("finish_reason")
-        return {"token_ids": token_ids, "log_probs": log_probs, "stop_reason": "aborted" if finish == "abort" else "completed"}
+        return parse_result(result, want_logprobs=want_logprobs)
 
     async def update_weights(self) -> dict[str, Any]:
         """``sync_weights``: wakes the sampler, pushes the trained weights, resets its prefix cache."""
@@ -358,59 +346,3 @@ class ArcticBackend(RemoteBackend):
     def _device(self, count: int) -> dict:
         d = self.cfg.device
         return BackendDevice(type=d.type, count=max(1, int(count)), peak_flops=d.peak_flops, name=d.name).to_dict()
-
-    def _roundtrip_text(self, ids: list[int]) -> str:
-        if self._tokenizer is None:
-            from transformers import AutoTokenizer
-
-            model = "actor_rollout_ref.model"
-            path = _get(self._main, f"{model}.tokenizer_path", None) or _get(self._main, f"{model}.path", None)
-            trust = bool(_get(self._main, f"{model}.trust_remote_code", False))
-            self._tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust)
-        tok = self._tokenizer
-        text = tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        again = tok(text, add_special_tokens=self.cfg.generate.add_special_tokens)["input_ids"]
-        if again != ids:
-            at = next((i for i, (a, b) in enumerate(zip(ids, again)) if a != b), min(len(ids), len(again)))
-            raise PromptRoundTripError(
-                f"Arctic's /generate takes text: prompt ids -> text -> ids is not exact for this tokenizer "
-                f"(first difference at position {at}: {ids[at:at + 4]} became {again[at:at + 4]}; lengths "
-                f"{len(ids)} vs {len(again)}). Check remote_backend.arctic.generate.add_special_tokens or the prompt."
-            )
-        return text
-
-
-def _get(cfg: Any, path: str, default: Any = None) -> Any:
-    """Dotted lookup on an OmegaConf node, a verl config dataclass or a dict."""
-    node = cfg
-    for part in path.split("."):
-        if node is None:
-            return default
-        if isinstance(node, dict) or hasattr(node, "keys") and not hasattr(node, part):
-            try:
-                node = node.get(part, None)
-            except Exception:
-                node = None
-        else:
-            node = getattr(node, part, None)
-    return default if node is None else node
-
-
-def _sampled_logprobs(result: dict, token_ids: list[int]) -> list[float]:
-    """Per-token log-probs of the sampled tokens from a generate result (floats, or vLLM-style dicts)."""
-    raw = result.get("logprobs")
-    if not isinstance(raw, list) or len(raw) != len(token_ids):
-        raise ArcticResponseError(
-            "Arctic generate: log-probs were requested (rollout.calculate_log_probs) but the result's 'logprobs' "
-            f"is {type(raw).__name__} of length {len(raw) if isinstance(raw, list) else 'n/a'}, expected "
-            f"{len(token_ids)} entries"
-        )
-    out = []
-    for tok, entry in zip(token_ids, raw):
-        if isinstance(entry, dict):
-            entry = entry.get(tok, entry.get(str(tok)))
-            entry = entry.get("logprob") if isinstance(entry, dict) else entry
-        if not isinstance(entry, (int, float)):
-            raise ArcticResponseError(f"Arctic generate: log-prob entry for token {tok} is {entry!r}, expected a float")
-        out.append(float(entry))
-    return out

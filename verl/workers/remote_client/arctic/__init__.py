@@ -3,7 +3,8 @@
 ``payload``: pure tensor mapping between verl's batch layout and Arctic's dense one.
 ``bodies``: Arctic request bodies (batch, meta, processing) built from verl batches.
 ``launcher``: starting and stopping a local Arctic RL server process.
-``config``: the typed ``remote_backend.arctic`` config and its mapping to Arctic's client config.
+``config``: the typed ``remote_backend.arctic`` config; ``derive``: settings derived from verl's config and the Arctic client config.
+``generation``: token-id prompts over the text-only /generate (round-trip proof, result parsing).
 ``errors``: error translation and response validation.
 
 Importing this package does not import ``arctic_platform``.

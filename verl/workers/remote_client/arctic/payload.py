@@ -221,7 +221,10 @@ def to_json_safe(obj: Any) -> Any:
         from omegaconf import DictConfig, ListConfig, OmegaConf
 
         if isinstance(obj, (DictConfig, ListConfig)):
-            obj = OmegaConf.to_container(obj, resolve=True)
+            try:
+                obj = OmegaConf.to_container(obj, resolve=True)
+            except Exception:  # a detached node whose interpolations point outside it
+                obj = OmegaConf.to_container(obj, resolve=False)
     except ImportError:  # pragma: no cover - omegaconf ships with verl
         pass
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):

@@ -1,0 +1,314 @@
+"""Arctic settings derived from verl's config, and the client config built from them.
+
+Defaults live in ``verl/remote_backend/config/remote_backend/arctic.yaml`` (every
+key documented there). A ``null`` there means "derive it from verl's config",
+done here in one place so the derivation is testable:
+
+==============================  ==================================================
+Arctic setting                  derived from
+==============================  ==================================================
+optimizer lr / betas / wd       ``actor_rollout_ref.actor.optim``
+gradient clipping               ``actor.optim.clip_grad`` (else ``actor.grad_clip``)
+LR warmup / cosine schedule     ``actor.optim.lr_warmup_steps(_ratio)``,
+                                ``lr_scheduler_type``, ``min_lr_ratio``,
+                                ``total_training_steps`` (x optimizer steps per step)
+samples per optimizer step      ``actor.ppo_mini_batch_size x rollout.n``
+micro-batch size                ``actor.ppo_micro_batch_size_per_gpu`` (else 1)
+max sequence length             ``data.max_prompt_length + data.max_response_length``
+checkpoint directory            ``trainer.default_local_dir``
+reference (log-prob) GPUs       1 when the run needs a reference model, else 0
+vLLM memory / batching          ``actor_rollout_ref.rollout.*``
+==============================  ==================================================
+
+Nothing here imports ``arctic_platform`` at module level; only
+:func:`build_client_config` does, when called.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING, Any, Optional
+
+from verl.workers.remote_client.arctic.config import ArcticConfig, ConfigError, _select
+from verl.workers.remote_client.arctic.payload import to_json_safe
+
+if TYPE_CHECKING:
+    from arctic_platform.client import ArcticClientConfig
+    from omegaconf import DictConfig
+
+__all__ = [
+    "needs_reference",
+    "derive_ds_config",
+    "derive_ds_worker_config",
+    "derive_vllm_config",
+    "max_seq_len",
+    "resolved_log_prob_gpus",
+    "build_client_config",
+    "check_loss_compatibility",
+]
+
+
+def needs_reference(main_config: "DictConfig") -> bool:
+    """True when the run computes reference log-probs (KL loss or KL in reward)."""
+    return bool(_select(main_config, "actor_rollout_ref.actor.use_kl_loss", False)) or bool(
+        _select(main_config, "algorithm.use_kl_in_reward", False)
+    )
+
+
+def _optimizer_steps_per_global_step(main_config: "DictConfig") -> int:
+    train_bs = int(_select(main_config, "data.train_batch_size", 1))
+    mini_bs = int(_select(main_config, "actor_rollout_ref.actor.ppo_mini_batch_size", train_bs))
+    epochs = int(_select(main_config, "actor_rollout_ref.actor.ppo_epochs", 1))
+    return max(1, train_bs // max(1, mini_bs)) * epochs
+
+
+def derive_ds_config(main_config: "DictConfig", arctic: ArcticConfig, *, n_gpus: int, training: bool = True) -> dict:
+    """The DeepSpeed config Arctic's engine gets, from verl's actor/optim settings.
+
+    One DeepSpeed optimizer step == one verl PPO mini-batch, so
+    ``train_batch_size = ppo_mini_batch_size x rollout.n``. LR schedules are
+    expressed in optimizer steps (verl counts global steps, each holding
+    ``ppo_epochs x train_batch_size / ppo_mini_batch_size`` optimizer steps).
+    ``remote_backend.arctic.deepspeed`` is merged on top (it wins).
+    """
+    actor = "actor_rollout_ref.actor"
+    rollout_n = int(_select(main_config, "actor_rollout_ref.rollout.n", 1))
+    mini_bs = int(_select(main_config, f"{actor}.ppo_mini_batch_size", 1)) * rollout_n
+    micro = int(arctic.micro_batch_size or _select(main_config, f"{actor}.ppo_micro_batch_size_per_gpu", 1) or 1)
+    if mini_bs % (micro * n_gpus) != 0:
+        raise ConfigError(
+            f"ppo_mini_batch_size x rollout.n = {mini_bs} samples per optimizer step is not divisible by "
+            f"micro-batch size {micro} x {n_gpus} GPU(s); set remote_backend.arctic.micro_batch_size "
+            f"(or actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu) to a divisor"
+        )
+    ds: dict[str, Any] = {
+        "train_batch_size": mini_bs,
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": mini_bs // (micro * n_gpus),
+    }
+    if training:
+        optim = f"{actor}.optim"
+        lr = float(_select(main_config, f"{optim}.lr", 1e-6))
+        ds["optimizer"] = {
+            "type": "AdamW",
+            "params": {
+                "lr": lr,
+                "betas": [float(b) for b in _select(main_config, f"{optim}.betas", [0.9, 0.999])],
+                "weight_decay": float(_select(main_config, f"{optim}.weight_decay", 0.01)),
+                "eps": 1e-8,
+            },
+        }
+        clip = _select(main_config, f"{optim}.clip_grad", None)
+        if clip is None:
+            clip = _select(main_config, f"{actor}.grad_clip", None)
+        if clip is not None and float(clip) > 0:
+            ds["gradient_clipping"] = float(clip)
+        scheduler = _derive_scheduler(main_config, lr)
+        if scheduler is not None:
+            ds["scheduler"] = scheduler
+    merged = _deep_merge(ds, to_json_safe(arctic.deepspeed) or {})
+    if not training:
+        merged.pop("optimizer", None)
+        merged.pop("scheduler", None)
+    return merged
+
+
+def _derive_scheduler(main_config: "DictConfig", lr: float) -> Optional[dict]:
+    optim = "actor_rollout_ref.actor.optim"
+    kind = str(_select(main_config, f"{optim}.lr_scheduler_type", None) or _select(main_config, f"{optim}.warmup_style", "constant"))
+    total = int(_select(main_config, f"{optim}.total_training_steps", -1) or -1)
+    if total <= 0:
+        total = int(_select(main_config, "trainer.total_training_steps", -1) or -1)
+    warmup = int(_select(main_config, f"{optim}.lr_warmup_steps", -1) or -1)
+    ratio = float(_select(main_config, f"{optim}.lr_warmup_steps_ratio", 0.0) or 0.0)
+    if warmup <= 0 and ratio > 0:
+        if total <= 0:
+            raise ConfigError(
+                f"{optim}.lr_warmup_steps_ratio={ratio} needs the number of training steps, but neither "
+                f"{optim}.total_training_steps nor trainer.total_training_steps is set"
+            )
+        warmup = int(ratio * total)
+    per_step = _optimizer_steps_per_global_step(main_config)
+    warmup_opt = max(0, warmup) * per_step
+    if kind == "cosine":
+        if total <= 0:
+            raise ConfigError(f"{optim}.lr_scheduler_type=cosine needs total_training_steps to be known")
+        return {
+            "type": "WarmupCosineLR",
+            "params": {
+                "total_num_steps": total * per_step,
+                "warmup_num_steps": warmup_opt,
+                "warmup_min_ratio": 0.0,
+                "cos_min_ratio": float(_select(main_config, f"{optim}.min_lr_ratio", 0.0) or 0.0),
+                "warmup_type": "linear",
+            },
+        }
+    if kind != "constant":
+        raise ConfigError(f"{optim}.lr_scheduler_type={kind!r} has no DeepSpeed equivalent here; use constant or cosine")
+    if warmup_opt > 0:
+        return {
+            "type": "WarmupLR",
+            "params": {"warmup_min_lr": 0.0, "warmup_max_lr": lr, "warmup_num_steps": warmup_opt, "warmup_type": "linear"},
+        }
+    return None
+
+
+def derive_ds_worker_config(main_config: "DictConfig", arctic: ArcticConfig) -> dict:
+    """Arctic's DeepSpeed worker knobs from ``actor_rollout_ref.model``; the ``ds_worker`` block wins."""
+    model = "actor_rollout_ref.model"
+    worker: dict[str, Any] = {
+        "use_liger": bool(_select(main_config, f"{model}.use_liger", False)),
+        "enable_gradient_checkpointing": bool(_select(main_config, f"{model}.enable_gradient_checkpointing", True)),
+        "attn_implementation": _select(main_config, f"{model}.override_config.attn_implementation", "flash_attention_2"),
+    }
+    if arctic.zorro.train:
+        data_len = int(_select(main_config, "data.max_response_length", 0))
+        worker.update(
+            zorro_train_enable=True,
+            response_len=data_len,
+            max_token_len=int(_select(main_config, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", 16384)),
+            rollout_n=int(_select(main_config, "actor_rollout_ref.rollout.n", 1)),
+            temperature=float(_select(main_config, "actor_rollout_ref.rollout.temperature", 1.0)),
+            use_unpad=True,
+            logits_optimization=arctic.logits.optimization,
+            logits_optimization_peak_mem_size_in_gib=arctic.logits.peak_mem_gib,
+            logits_compute_from_fp32_inputs=arctic.logits.compute_from_fp32_inputs,
+            logits_compute_in_fp32=arctic.logits.compute_in_fp32,
+        )
+    return _deep_merge(worker, to_json_safe(arctic.ds_worker) or {})
+
+
+def max_seq_len(main_config: "DictConfig") -> int:
+    return int(_select(main_config, "data.max_prompt_length", 512)) + int(_select(main_config, "data.max_response_length", 512))
+
+
+def derive_vllm_config(main_config: "DictConfig", arctic: ArcticConfig) -> dict:
+    """vLLM engine kwargs for Arctic's sampler, from ``actor_rollout_ref.rollout``; ``sampling.vllm`` wins."""
+    rollout = "actor_rollout_ref.rollout"
+    s = arctic.sampling
+    vllm = {
+        "tensor_parallel_size": int(s.tensor_parallel_size),
+        "gpu_memory_utilization": float(s.gpu_memory_utilization or _select(main_config, f"{rollout}.gpu_memory_utilization", 0.5)),
+        "max_model_len": int(_select(main_config, f"{rollout}.max_model_len", None) or max_seq_len(main_config)),
+        "max_num_seqs": int(s.max_num_seqs or _select(main_config, f"{rollout}.max_num_seqs", 1024)),
+        "enforce_eager": bool(s.enforce_eager if s.enforce_eager is not None else _select(main_config, f"{rollout}.enforce_eager", False)),
+        "enable_chunked_prefill": bool(
+            s.enable_chunked_prefill
+            if s.enable_chunked_prefill is not None
+            else _select(main_config, f"{rollout}.enable_chunked_prefill", True)
+        ),
+    }
+    return _deep_merge(vllm, to_json_safe(s.vllm) or {})
+
+
+def _arctic_inference_config(arctic: ArcticConfig) -> Optional[dict]:
+    if not arctic.zorro.fca and not arctic.zorro.speculative_model:
+        return None
+    return {
+        "zorro_inference": {"enable": bool(arctic.zorro.fca)},
+        "speculative_decoding": {"model": arctic.zorro.speculative_model},
+    }
+
+
+def resolved_log_prob_gpus(main_config: "DictConfig", arctic: ArcticConfig) -> int:
+    if arctic.log_prob_gpus is not None:
+        return int(arctic.log_prob_gpus)
+    return 1 if needs_reference(main_config) else 0
+
+
+def build_client_config(main_config: "DictConfig", arctic: ArcticConfig) -> "ArcticClientConfig":
+    """The ``arctic_platform.client.ArcticClientConfig`` for a fresh backend (jobs not created yet)."""
+    from arctic_platform.client import ArcticClientConfig, OnPremConfig
+    from arctic_platform.client import SamplingConfig as ArcticSamplingConfig
+    from arctic_platform.client import TrainingConfig
+
+    model_path = _select(main_config, "actor_rollout_ref.model.path", None)
+    if not model_path:
+        raise ConfigError("actor_rollout_ref.model.path is not set; Arctic needs the model to train and serve")
+    log_prob_gpus = resolved_log_prob_gpus(main_config, arctic)
+    if needs_reference(main_config) and log_prob_gpus == 0:
+        raise ConfigError(
+            "this run needs reference log-probs (actor.use_kl_loss or algorithm.use_kl_in_reward), but "
+            "remote_backend.arctic.log_prob_gpus=0; Arctic computes them on its log-prob job: set it to >= 1"
+        )
+    checkpoint_dir = arctic.checkpoint_dir or _select(main_config, "trainer.default_local_dir", None)
+    if not checkpoint_dir:
+        raise ConfigError("set remote_backend.arctic.checkpoint_dir or trainer.default_local_dir (Arctic's training job needs one)")
+    return ArcticClientConfig(
+        model_name=str(model_path),
+        seed=arctic.seed,
+        max_seq_len=max_seq_len(main_config),
+        training_gpus=int(arctic.training_gpus),
+        sampling_gpus=int(arctic.sampling_gpus),
+        log_prob_gpus=log_prob_gpus,
+        job_ready_timeout=float(arctic.job_ready_timeout_s),
+        request_timeout=float(arctic.request_timeout_s),
+        training=TrainingConfig(
+            full_determinism=bool(arctic.full_determinism),
+            checkpoint_path=str(checkpoint_dir),
+            ds_config=derive_ds_config(main_config, arctic, n_gpus=int(arctic.training_gpus)),
+            ds_worker_config=derive_ds_worker_config(main_config, arctic),
+            cuda_ipc=bool(arctic.weight_sync.cuda_ipc),
+            low_memory=bool(arctic.weight_sync.low_memory),
+        ),
+        sampling=ArcticSamplingConfig(
+            vllm=derive_vllm_config(main_config, arctic),
+            arctic_inference_config=_arctic_inference_config(arctic),
+            log_prob_engine="deepspeed",
+            log_prob_ds_config=(
+                derive_ds_config(main_config, arctic, n_gpus=log_prob_gpus, training=False) if log_prob_gpus else None
+            ),
+        ),
+        backend=OnPremConfig(
+            protocol=arctic.protocol,
+            host=arctic.host,
+            port=int(arctic.port),
+            colocate=bool(arctic.colocate),
+            # We start the server ourselves (bound to `host`), never through the
+            # client's launcher, which binds 0.0.0.0.
+            launch_local_server=False,
+            startup_timeout=float(arctic.startup_timeout_s),
+        ),
+    )
+
+
+# Actor settings Arctic 0.1.4's server-side "verl_grpo" loss reads or hard-codes.
+_VERL_GRPO_FIXED = {"clip_ratio": 0.2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 3.0}
+_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean")
+
+
+def check_loss_compatibility(main_config: "DictConfig", arctic: ArcticConfig) -> list[str]:
+    """Differences between verl's configured objective and Arctic's server loss.
+
+    Arctic 0.1.4's ``verl_grpo`` loss implements verl's *vanilla* PPO clip with
+    fixed clip ratios (0.2 / 0.2, dual-clip 3.0), verl's loss aggregation modes,
+    entropy bonus and KL loss. Returns one message per mismatch (empty: the
+    objectives agree); the backend raises on any when ``strict_loss_check``.
+    """
+    if arctic.loss_fn != "verl_grpo":
+        return []
+    actor = "actor_rollout_ref.actor"
+    problems = []
+    mode = _select(main_config, f"{actor}.policy_loss.loss_mode", "vanilla")
+    if mode != "vanilla":
+        problems.append(f"{actor}.policy_loss.loss_mode={mode!r} (Arctic's verl_grpo loss implements 'vanilla' only)")
+    for key, fixed in _VERL_GRPO_FIXED.items():
+        value = _select(main_config, f"{actor}.{key}", fixed)
+        if value is not None and abs(float(value) - fixed) > 1e-12:
+            problems.append(f"{actor}.{key}={value} (Arctic's verl_grpo loss uses {fixed})")
+    agg = _select(main_config, f"{actor}.loss_agg_mode", "token-mean")
+    if agg not in _AGG_MODES:
+        problems.append(f"{actor}.loss_agg_mode={agg!r} (Arctic supports {list(_AGG_MODES)})")
+    if _select(main_config, f"{actor}.loss_scale_factor", None) is not None:
+        problems.append(f"{actor}.loss_scale_factor is set (Arctic's verl_grpo loss ignores it)")
+    return problems
+
+
+def _deep_merge(base: dict, override: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in (override or {}).items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
