@@ -277,8 +277,9 @@ def test_silent_server_is_named_within_bounded_time(env):
         assert time.monotonic() - start < 6
 
 
-def test_launched_server_lifecycle_and_death_mid_run(env, tmp_path):
-    """launch_server=true starts a server bound to 127.0.0.1; killing it surfaces as unreachable; destroy stops it."""
+def test_launched_server_lifecycle_and_death_mid_call(env, tmp_path):
+    """launch_server=true starts a server bound to 127.0.0.1; the server dying inside a call
+    surfaces as unreachable, quickly; destroy() still completes and the process is gone."""
     from omegaconf import OmegaConf
 
     port = free_port()
@@ -292,13 +293,14 @@ def test_launched_server_lifecycle_and_death_mid_run(env, tmp_path):
     try:
         assert requests.get(f"http://127.0.0.1:{port}/health", timeout=5).ok
         data = batch(env)
+        tu.assign_non_tensor(data, mini_batch_size=4, epochs=1, seed=0, dataloader_kwargs={"shuffle": False})
         log_probs(backend, data, env, entropy=False)
-        proc.kill()
-        proc.wait(timeout=10)
+        requests.post(f"http://127.0.0.1:{port}/_standin/fault", json={"endpoint": "/forward-backward", "kind": "exit"}, timeout=5)
         start = time.monotonic()
-        with pytest.raises(ArcticUnreachableError, match=f"127.0.0.1:{port} is unreachable during compute_log_prob"):
-            log_probs(backend, data, env, entropy=False)
+        with pytest.raises(ArcticUnreachableError, match=f"127.0.0.1:{port} is unreachable during update_actor"):
+            run(backend.update_actor(data, actor_config=env["actor"], pad_token_id=env["tok"].pad_token_id, rollout_n=2, temperature=1.0))
         assert time.monotonic() - start < 5
+        assert proc.wait(timeout=10) == 17  # the stand-in's exit code for this fault
     finally:
         run(backend.destroy())
     assert proc.poll() is not None

@@ -23,6 +23,12 @@ frontend drops it, and the server's ``detail`` belongs in our errors);
 event loop never blocks. Payload mapping is in :mod:`.arctic.payload` /
 :mod:`.arctic.bodies`, config in :mod:`.arctic.config`.
 
+Failures: no call is retried. ``fwd_bwd`` and ``step`` change the model and
+must never be re-sent blindly, so every transport error surfaces at once as an
+:class:`~.arctic.errors.ArcticBackendError` naming the op, the server address and
+the server's detail; only the start-up ``/health`` probe (idempotent) retries,
+with capped backoff, for at most ``connect_timeout_s``.
+
 This module is imported only by ``RemoteBackendRegistry.get("arctic")``; it is
 the only one that imports ``arctic_platform``.
 """
