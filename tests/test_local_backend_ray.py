@@ -182,3 +182,20 @@ def test_weight_sync_waits_for_in_flight_requests_and_admits_the_rest_after(back
     before, results = run(mixed())
     assert results[8]["policy_version"] == before + 1
     assert all(len(r["token_ids"]) <= 20 for r in results[:8] + results[9:])
+
+
+def test_engine_start_failure_surfaces_the_engine_error(ray_session, tiny_model_dir, tmp_path):
+    """A model that fails to load inside the actor raises the engine's ConfigError, not Ray's 'actor died'."""
+    import shutil
+
+    from omegaconf import OmegaConf
+
+    from verl.workers.remote_client.local.config import ConfigError
+    from verl.workers.remote_client.local_backend import LocalBackend
+
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_model_dir, broken)
+    (broken / "model.safetensors").write_bytes(b"junk")
+    cfg = OmegaConf.create({"actor_rollout_ref": {"model": {"path": str(broken)}, "actor": {"optim": {"lr": 1e-3}}}})
+    with pytest.raises(ConfigError, match="actor_rollout_ref.model.path.*not a loadable"):
+        LocalBackend.from_config(cfg)

@@ -81,11 +81,11 @@ class LocalBackend(RemoteBackend):
         actor = remote_engine_class().options(**options).remote(settings)
         try:
             info = ray.get(actor.info.remote())
-        except ray.exceptions.RayActorError as exc:
+        except ray.exceptions.RayError as exc:
             ray.kill(actor, no_restart=True)
-            cause = getattr(exc, "cause", None) or getattr(exc, "error_msg", None)
-            if isinstance(cause, BaseException):
-                raise cause from exc
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, Exception) and not isinstance(cause, ray.exceptions.RayError):
+                raise cause from None  # e.g. ConfigError naming actor_rollout_ref.model.path
             raise RuntimeError(f"the local backend engine failed to start: {exc}") from exc
         return cls(actor, owner=True, info=info)
 

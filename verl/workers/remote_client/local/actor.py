@@ -30,7 +30,14 @@ class EngineActor:
     """Ray actor body owning one :class:`LocalEngine` (see module docstring)."""
 
     def __init__(self, settings: EngineSettings) -> None:
-        self.engine = LocalEngine(settings)
+        # A constructor error would surface as Ray's generic "actor died"; keep it and
+        # raise it from info() instead, so the client can re-raise the engine's own error.
+        self.init_error: Optional[BaseException] = None
+        try:
+            self.engine = LocalEngine(settings)
+        except Exception as exc:
+            self.init_error = exc
+            return
         self._batch = self.engine.decode_batch()
         self._pending: list[tuple[asyncio.Future, SampleRequest]] = []
         self._wakeup: Optional[asyncio.Event] = None
@@ -40,6 +47,8 @@ class EngineActor:
         self.batches_run = 0  # admission events (prefills), for tests and the benchmark
 
     async def info(self) -> dict[str, Any]:
+        if self.init_error is not None:
+            raise self.init_error
         return {**self.engine.info(), "batches_run": self.batches_run}
 
     async def compute_log_prob(self, data: Any, *, ref: bool, calculate_entropy: bool, temperature: float) -> dict:
