@@ -12,7 +12,9 @@ Primitives (what Arctic-style callers use):
 * :meth:`log_probs` - forward-only per-token log-probs/entropy, actor or reference;
 * :meth:`forward_backward` - accumulate verl's PPO-loss gradient over one mini-batch;
 * :meth:`optimizer_step` - clip, step, zero grads (optionally advance the LR schedule);
-* :meth:`sample` / :meth:`make_request` - batched generation;
+* :meth:`make_request` - validate one generate call (raises ``ValueError`` naming the parameter);
+* :meth:`sample` - decode a list of requests together; :meth:`decode_batch` /
+  :meth:`decode_step` - the same, continuously (rows join and leave between steps);
 * :meth:`sync_sampler_weights`, :meth:`save_checkpoint`, :meth:`load_checkpoint`.
 
 Contract-level ops (what :class:`~verl.workers.remote_client.local_backend.LocalBackend` calls):

@@ -19,7 +19,7 @@ from tensordict import TensorDict
 
 from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 
-__all__ = ["packed_forward", "row_slices", "jagged_rows", "DTYPE_BY_NAME"]
+__all__ = ["packed_forward", "row_slices", "jagged_rows", "get_input_tensors", "DTYPE_BY_NAME"]
 
 DTYPE_BY_NAME = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
