@@ -206,6 +206,11 @@ def test_reconnect_handle_attaches_without_new_jobs_and_detaches_safely(env):
     log_probs(env["arctic"], data, env)  # the owner still works
 
 
+def test_foreign_handle_is_refused(env):
+    with pytest.raises(ValueError, match="not an arctic-backend handle"):
+        type(env["arctic"]).from_config(env["cfg"], handle={"kind": "local", "actor": None})
+
+
 # ----------------------------------------------------------------------------- failures
 def test_http_error_carries_the_servers_detail(env):
     arm(env, "/forward", "http_error", status=500, detail="injected: CUDA out of memory on rank 0")

@@ -62,6 +62,9 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["ArcticBackend"]
 
+# Per-request limit of the /destroy calls made while tearing down.
+_TEARDOWN_TIMEOUT_S = 30.0
+
 
 @RemoteBackendRegistry.register("arctic")
 class ArcticBackend(RemoteBackend):
@@ -129,6 +132,8 @@ class ArcticBackend(RemoteBackend):
                 )
             server_state = None
         else:
+            if not isinstance(handle, dict) or handle.get("backend") != "arctic" or "client_config" not in handle:
+                raise ValueError("handle is not an arctic-backend handle (expected the dict from ArcticBackend.reconnect_handle())")
             client_cfg = ArcticClientConfig.model_validate(handle["client_config"])
             server_state = handle.get("server_state")
         try:
@@ -157,6 +162,9 @@ class ArcticBackend(RemoteBackend):
         """Owner: destroy Arctic's jobs and stop a launched server. Re-attached: close the connection only."""
         client, self._client = self._client, None
         if client is not None:
+            transport = getattr(client, "transport", None)
+            if hasattr(transport, "timeout"):  # teardown must not wait request_timeout_s on a hung server
+                transport.timeout = min(float(transport.timeout), _TEARDOWN_TIMEOUT_S)
             try:
                 if self._owner:
                     if self._sync:
