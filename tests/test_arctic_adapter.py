@@ -59,7 +59,9 @@ def env(tmp_path_factory):
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
         ],
     )
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    started_ray = not ray.is_initialized()
+    if started_ray:  # the local backend's engine is a Ray actor
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     arctic = local = None
     try:
         arctic = RemoteBackendRegistry.create("arctic", cfg)
@@ -82,7 +84,8 @@ def env(tmp_path_factory):
         if local is not None:
             local.destroy()
         server.stop()
-        ray.shutdown()
+        if started_ray:
+            ray.shutdown()
 
 
 def batch(env, seed=0, **kw):
