@@ -223,12 +223,12 @@ class ArcticBackend(RemoteBackend):
         """verl's PPO loop on Arctic: one ``fwd_bwd`` + ``step`` per mini-batch, epochs x mini-batches."""
         op = "update_actor"
         get = functools.partial(_get, actor_config)
-        mini = bodies._non_tensor(data, "mini_batch_size", None) or int(get("ppo_mini_batch_size", 1)) * int(rollout_n)
-        epochs = int(bodies._non_tensor(data, "epochs", None) or get("ppo_epochs", 1))
-        seed = bodies._non_tensor(data, "seed", None)
+        mini = bodies.non_tensor(data, "mini_batch_size", None) or int(get("ppo_mini_batch_size", 1)) * int(rollout_n)
+        epochs = int(bodies.non_tensor(data, "epochs", None) or get("ppo_epochs", 1))
+        seed = bodies.non_tensor(data, "seed", None)
         seed = int(get("data_loader_seed", 42) if seed is None else seed)
-        loader_kwargs = bodies._non_tensor(data, "dataloader_kwargs", None) or {"shuffle": bool(get("shuffle", False))}
-        entropy = bodies._non_tensor(data, "calculate_entropy", None)
+        loader_kwargs = bodies.non_tensor(data, "dataloader_kwargs", None) or {"shuffle": bool(get("shuffle", False))}
+        entropy = bodies.non_tensor(data, "calculate_entropy", None)
         entropy = bool(float(get("entropy_coeff", 0.0) or 0.0) != 0.0 if entropy is None else entropy)
         meta = self._meta(data, rollout_n, temperature, entropy, pad_token_id)
         minibatches = bodies.update_minibatches(

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from verl.workers.remote_client.arctic.config import ArcticConfig
 
-__all__ = ["FORWARD_PROCESSING", "forward_processing", "update_processing", "base_meta", "dense_batch", "update_minibatches"]
+__all__ = ["FORWARD_PROCESSING", "non_tensor", "forward_processing", "update_processing", "base_meta", "dense_batch", "update_minibatches"]
 
 # Temperature first (verl divides logits by it before the softmax), then
 # log-probs/entropy with the server's predict-next labels.
@@ -44,7 +44,8 @@ def update_processing(loss_fn: str) -> dict:
     return {"post": list(FORWARD_PROCESSING["post"]), "loss_fn": loss_fn}
 
 
-def _non_tensor(data: "TensorDict", key: str, default: Any = None) -> Any:
+def non_tensor(data: "TensorDict", key: str, default: Any = None) -> Any:
+    """A non-tensor field verl set on the batch (``mini_batch_size``, ``epochs``, ...), unwrapped."""
     from verl.utils import tensordict_utils as tu
 
     return tu.get(data, key, default=default)
