@@ -122,7 +122,15 @@ class RemoteBackendTrainer(RayPPOTrainer):
             and after teardown).
     """
 
-    def __init__(self, config: Any, tokenizer: Any, role_worker_mapping: dict, resource_pool_manager: Any, **kwargs: Any):
+    def __init__(
+        self,
+        config: Any,
+        tokenizer: Any,
+        role_worker_mapping: dict,
+        resource_pool_manager: Any,
+        *args: Any,
+        **kwargs: Any,
+    ) -> None:
         plan = validate_remote_backend_config(config)
         if plan is None:
             raise ValueError(
@@ -143,7 +151,7 @@ class RemoteBackendTrainer(RayPPOTrainer):
         role_worker_mapping[forwarder_role(config)] = ray.remote(RemoteBackendWorker)
         resource_pool_manager = CPUResourcePoolManager.from_manager(resource_pool_manager)
         resource_pool_manager.mapping.setdefault(forwarder_role(config), "global_pool")
-        super().__init__(config, tokenizer, role_worker_mapping, resource_pool_manager, **kwargs)
+        super().__init__(config, tokenizer, role_worker_mapping, resource_pool_manager, *args, **kwargs)
 
     # ------------------------------------------------------------ workers
     def init_workers(self) -> None:
