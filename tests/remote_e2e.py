@@ -52,7 +52,9 @@ def load_prepare_module():
     return module
 
 
-def build_gsm8k(out_dir: Path, *, max_train: int = 32, max_test: int = 8, max_question_chars: int = 160) -> tuple[str, str]:
+def build_gsm8k(
+    out_dir: Path, *, max_train: int = 32, max_test: int = 8, max_question_chars: int = 160
+) -> tuple[str, str]:
     """A short-question gsm8k subset in verl's parquet layout; returns (train, test) paths."""
     prepare = load_prepare_module()
     rc = prepare.main(

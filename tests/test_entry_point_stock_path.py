@@ -71,7 +71,9 @@ def test_null_backend_runs_verls_run_ppo_with_verls_task_runner_and_trainer(monk
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
     calls = []
-    monkeypatch.setattr(verl_main_ppo, "run_ppo", lambda config, task_runner_class=None: calls.append(task_runner_class))
+    monkeypatch.setattr(
+        verl_main_ppo, "run_ppo", lambda config, task_runner_class=None: calls.append(task_runner_class)
+    )
     run(compose([]))
     assert calls == [None], "with remote_backend=null verl's default TaskRunner must be used"
     # verl's TaskRunner.run builds this class
@@ -86,7 +88,9 @@ def test_a_named_backend_runs_verls_run_ppo_with_our_task_runner(monkeypatch):
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
     calls = []
-    monkeypatch.setattr(verl_main_ppo, "run_ppo", lambda config, task_runner_class=None: calls.append((config, task_runner_class)))
+    monkeypatch.setattr(
+        verl_main_ppo, "run_ppo", lambda config, task_runner_class=None: calls.append((config, task_runner_class))
+    )
     overrides = [
         "trainer.remote_backend=local",
         "trainer.use_legacy_worker_impl=disable",
@@ -98,7 +102,7 @@ def test_a_named_backend_runs_verls_run_ppo_with_our_task_runner(monkeypatch):
         "trainer.resume_mode=disable",
     ]
     run(compose(overrides))
-    (config, runner_cls), = calls
+    ((config, runner_cls),) = calls
     assert runner_cls.__ray_actor_class__ is RemoteBackendTaskRunner
     assert config.ray_kwargs.ray_init.num_cpus >= 2  # filled in: runner + forwarder + backend headroom
     with substitute_trainer_class(RemoteBackendTrainer):

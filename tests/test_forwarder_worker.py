@@ -111,7 +111,9 @@ def _batch(lengths=(5, 7), epochs=2):
     td = tu.get_tensordict(
         {
             "input_ids": torch.nested.nested_tensor_from_jagged(values, offsets=offsets),
-            "position_ids": torch.nested.nested_tensor_from_jagged(torch.cat([torch.arange(n) for n in lengths]), offsets=offsets),
+            "position_ids": torch.nested.nested_tensor_from_jagged(
+                torch.cat([torch.arange(n) for n in lengths]), offsets=offsets
+            ),
         },
         {"epochs": epochs, "temperature": 0.9, "calculate_entropy": True},
     )

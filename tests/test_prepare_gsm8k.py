@@ -43,8 +43,20 @@ def test_row_layout_routes_to_verls_gsm8k_scorer():
 
 def test_cli_writes_filtered_parquet_from_the_jsonl_files(tmp_path):
     subprocess.run(
-        [sys.executable, str(SCRIPT), "--output-dir", str(tmp_path), "--input-dir", str(GSM8K_DIR),
-         "--max-train", "10", "--max-test", "3", "--max-question-chars", "120"],
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--output-dir",
+            str(tmp_path),
+            "--input-dir",
+            str(GSM8K_DIR),
+            "--max-train",
+            "10",
+            "--max-test",
+            "3",
+            "--max-question-chars",
+            "120",
+        ],
         check=True,
         capture_output=True,
         timeout=120,
@@ -56,7 +68,9 @@ def test_cli_writes_filtered_parquet_from_the_jsonl_files(tmp_path):
     with gzip.open(GSM8K_DIR / "train.jsonl.gz", "rt") as f:
         source = {r["question"]: r["answer"] for r in map(json.loads, f)}
     for row in train:
-        assert prepare.extract_final_answer(source[row["extra_info"]["question"]]) == row["reward_model"]["ground_truth"]
+        assert (
+            prepare.extract_final_answer(source[row["extra_info"]["question"]]) == row["reward_model"]["ground_truth"]
+        )
 
 
 def test_plain_jsonl_input_works_too(tmp_path):

@@ -57,17 +57,22 @@ def _manifest(path) -> dict:
 @pytest.mark.timeout(1500)
 def test_auto_resume_continues_from_the_saved_step_with_identical_state(assets, tmp_path):
     ckpt = tmp_path / "ckpt"
-    first = run_entry(_overrides(assets, ckpt, steps=2, resume_mode="disable"), workdir=tmp_path / "first", env_extra=PROBE_ENV)
+    first = run_entry(
+        _overrides(assets, ckpt, steps=2, resume_mode="disable"), workdir=tmp_path / "first", env_extra=PROBE_ENV
+    )
     assert first.returncode == 0, first.tail()
     assert [m["step"] for m in first.metrics] == [1, 2]
     saved = ckpt / "global_step_2" / "actor"
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
     # steps 1 and 2 really trained (otherwise "identical" would prove nothing)
-    assert _manifest(ckpt / "global_step_1" / "actor")["files"]["model.safetensors"] != _manifest(saved)["files"][
-        "model.safetensors"
-    ]
+    assert (
+        _manifest(ckpt / "global_step_1" / "actor")["files"]["model.safetensors"]
+        != _manifest(saved)["files"]["model.safetensors"]
+    )
 
-    second = run_entry(_overrides(assets, ckpt, steps=3, resume_mode="auto"), workdir=tmp_path / "second", env_extra=PROBE_ENV)
+    second = run_entry(
+        _overrides(assets, ckpt, steps=3, resume_mode="auto"), workdir=tmp_path / "second", env_extra=PROBE_ENV
+    )
     assert second.returncode == 0, second.tail()
     assert f"Resuming from {ckpt / 'global_step_2'}" in second.output
     # it continued: only step 3 ran, as global step 3, and saved it

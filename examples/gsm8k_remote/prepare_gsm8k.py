@@ -127,7 +127,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     limits = {"train": args.max_train, "test": args.max_test}
     for split in SPLITS:
         rows = build_rows(
-            load_records(split, args.input_dir), split, max_rows=limits[split], max_question_chars=args.max_question_chars
+            load_records(split, args.input_dir),
+            split,
+            max_rows=limits[split],
+            max_question_chars=args.max_question_chars,
         )
         if not rows:
             print(f"[prepare_gsm8k] {split}: no rows left after filtering", file=sys.stderr)

@@ -27,18 +27,23 @@ the token counts, the call's duration and the *backend's* reported devices.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import shutil
 import time
-from typing import Any, Optional
+from typing import Any, Awaitable, Callable, Optional, TypeVar
 
 from omegaconf import DictConfig
 from tensordict import TensorDict
 
 from verl.remote_backend.base import BackendDevice, RemoteBackend, supports_resume
+from verl.remote_backend.checkpoints import protected_checkpoint, resume_failure
 from verl.remote_backend.cpu_compat import install_flash_attn_fallback
+from verl.remote_backend.guard import BackendGuard
+from verl.remote_backend.output_checks import check_log_prob_output, check_update_output
 from verl.remote_backend.registry import RemoteBackendRegistry
+from verl.remote_backend.reliability import BackendError, BackendOutputError, ReliabilitySettings
 from verl.remote_backend.worker_utils import (
     checkpoints_to_prune,
     compute_mfu,
@@ -61,6 +66,8 @@ install_flash_attn_fallback()
 #: Monotonic clock used to time backend calls (a module attribute so tests can pin it).
 _clock = time.perf_counter
 
+T = TypeVar("T")
+
 
 class RemoteBackendWorker(Worker):
     """verl actor/ref worker whose compute happens in a remote backend.
@@ -77,6 +84,7 @@ class RemoteBackendWorker(Worker):
         self.config = config
         self.role = role
         self._backend: Optional[RemoteBackend] = None
+        self._guard: Optional[BackendGuard] = None
         self._flops_counter = None
         self._pad_token_id: int = 0
         self._device: Optional[BackendDevice] = None
@@ -116,15 +124,22 @@ class RemoteBackendWorker(Worker):
         """Re-attach to the trainer's backend: ``from_config(main_config, handle=handle)``."""
         name = str(main_config.trainer.remote_backend)
         self._backend = RemoteBackendRegistry.get(name).from_config(main_config, handle=handle)
+        # Time limits, liveness probes and the retry policy of every call below.
+        self._guard = BackendGuard(self._backend, name=name, settings=ReliabilitySettings.from_main_config(main_config))
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     async def detach_backend(self) -> None:
         """Drop this worker's connection (never the shared engine: the client was re-attached)."""
         backend, self._backend = self._backend, None
+        guard, self._guard = self._guard, None
         if backend is not None:
             result = backend.destroy()
             if hasattr(result, "__await__"):
-                await result
+                limit = guard.settings.timeouts.destroy if guard is not None else None
+                try:
+                    await asyncio.wait_for(result, timeout=limit)
+                except asyncio.TimeoutError:  # teardown must finish: the trainer destroys the engine next
+                    logger.warning("Detaching from the backend took over %ss (remote_backend.timeouts.destroy)", limit)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def set_loss_fn(self, loss_fn: Any) -> None:
@@ -154,18 +169,27 @@ class RemoteBackendWorker(Worker):
         backend = self._require_backend()
         calculate_entropy = bool(tu.get(data, key="calculate_entropy", default=False))
         input_ids = data["input_ids"]
+        op = "compute_ref_log_prob" if ref else "compute_log_prob"
         start = _clock()
-        result = await backend.compute_log_prob(
-            data,
-            ref=ref,
-            calculate_entropy=calculate_entropy,
-            rollout_n=int(self.config.rollout.n),
-            temperature=self._temperature(data),
-            pad_token_id=self._pad_token_id,
+        result = await self._call(
+            op,
+            lambda: backend.compute_log_prob(
+                data,
+                ref=ref,
+                calculate_entropy=calculate_entropy,
+                rollout_n=int(self.config.rollout.n),
+                temperature=self._temperature(data),
+                pad_token_id=self._pad_token_id,
+            ),
         )
         seconds = _clock() - start
-        model_output = _required(result, "model_output", "compute_log_prob")
-        outputs = {"log_probs": packed_to_nested(_required(model_output, "log_probs", "compute_log_prob"), input_ids, key="log_probs")}
+        model_output = _required(result, "model_output", op)
+        check_log_prob_output(model_output, input_ids, calculate_entropy=calculate_entropy, op=op)
+        outputs = {
+            "log_probs": packed_to_nested(
+                _required(model_output, "log_probs", "compute_log_prob"), input_ids, key="log_probs"
+            )
+        }
         if calculate_entropy:
             entropy = _required(model_output, "entropy", "compute_log_prob (calculate_entropy=True)")
             outputs["entropy"] = packed_to_nested(entropy, input_ids, key="entropy")
@@ -186,14 +210,18 @@ class RemoteBackendWorker(Worker):
         epochs = int(tu.get(data, key="epochs", default=1) or 1)
         seqlens_default = sequence_lengths(data["input_ids"]).tolist()
         start = _clock()
-        result = await backend.update_actor(
-            data,
-            actor_config=self.config.actor,
-            pad_token_id=self._pad_token_id,
-            rollout_n=int(self.config.rollout.n),
-            temperature=self._temperature(data),
+        result = await self._call(
+            "update_actor",
+            lambda: backend.update_actor(
+                data,
+                actor_config=self.config.actor,
+                pad_token_id=self._pad_token_id,
+                rollout_n=int(self.config.rollout.n),
+                temperature=self._temperature(data),
+            ),
         )
         seconds = _clock() - start
+        check_update_output(result, batch_size=len(seqlens_default))
         metrics = normalise_metrics(_required(result, "metrics", "update_actor"))
         if result.get("loss") is not None:
             metrics.update(normalise_metrics({"loss": result["loss"]}))
@@ -206,7 +234,8 @@ class RemoteBackendWorker(Worker):
         """Make the backend's sampler use the latest weights (rank 0 forwards; one engine)."""
         if self.rank != 0:
             return None
-        return await self._require_backend().update_weights()
+        backend = self._require_backend()
+        return await self._call("update_weights", backend.update_weights)
 
     # ------------------------------------------------------------ checkpoints
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -221,12 +250,16 @@ class RemoteBackendWorker(Worker):
         ``max_ckpt_to_keep`` of the checkpoints this worker saved (verl's retention rule)."""
         if self.rank != 0:
             return None
-        written = await self._require_backend().save_checkpoint(path=local_path, step=int(global_step))
+        backend = self._require_backend()
+        written = await self._call("save_checkpoint", lambda: backend.save_checkpoint(path=local_path, step=int(global_step)))
         path = str(written or local_path)
         if path in self._saved_checkpoints:
             self._saved_checkpoints.remove(path)
         self._saved_checkpoints.append(path)
-        for old in checkpoints_to_prune(self._saved_checkpoints, max_ckpt_to_keep):
+        # verl updates its tracker only after this returns: the step it names now is the only one
+        # a crash would resume from, so it survives pruning until a newer one is confirmed.
+        keep = protected_checkpoint(local_path)
+        for old in checkpoints_to_prune(self._saved_checkpoints, max_ckpt_to_keep, protect=keep):
             shutil.rmtree(old, ignore_errors=True)
             self._saved_checkpoints.remove(old)
         return path
@@ -247,7 +280,14 @@ class RemoteBackendWorker(Worker):
         step = parse_global_step(local_path)
         if step is None:
             raise ValueError(f"Checkpoint path {local_path!r} has no global_step_<N> component")
-        await backend.load_checkpoint(local_path, step)
+        try:
+            await self._call("load_checkpoint", lambda: backend.load_checkpoint(local_path, step))
+        except BackendError as exc:
+            if not isinstance(exc, BackendOutputError):
+                raise  # timeouts and deaths say so themselves
+            raise resume_failure(os.path.dirname(os.path.abspath(local_path)), str(exc)) from exc
+        except (RuntimeError, ValueError, OSError) as exc:  # the backend refused the checkpoint
+            raise resume_failure(os.path.dirname(os.path.abspath(local_path)), f"{type(exc).__name__}: {exc}") from exc
         if local_path not in self._saved_checkpoints:
             self._saved_checkpoints.append(local_path)
         if del_local_after_load:
@@ -261,6 +301,12 @@ class RemoteBackendWorker(Worker):
                 "attach_backend(main_config, handle) after the worker group starts."
             )
         return self._backend
+
+    async def _call(self, op: str, factory: Callable[[], Awaitable[T]]) -> T:
+        """``await factory()`` under the guard (time limit, liveness, retry policy)."""
+        if self._guard is None:
+            raise RuntimeError("RemoteBackendWorker has no backend attached (see attach_backend)")
+        return await self._guard.call(op, factory)
 
     def _temperature(self, data: TensorDict) -> float:
         value = tu.get(data, key="temperature", default=None)
@@ -280,5 +326,5 @@ class RemoteBackendWorker(Worker):
 def _required(mapping: Any, key: str, op: str) -> Any:
     if not isinstance(mapping, dict) or mapping.get(key) is None:
         have = sorted(mapping) if isinstance(mapping, dict) else type(mapping).__name__
-        raise ValueError(f"backend {op} result is missing {key!r} (got {have})")
+        raise BackendOutputError(f"{op}: the result is missing {key!r}; expected a mapping with it, got {have}")
     return mapping[key]

@@ -82,9 +82,7 @@ def check_generate_result(result: Any, *, max_tokens: int, want_logprobs: bool) 
     if log_probs is not None:
         log_probs = [float(x) for x in log_probs]
         if len(log_probs) != len(token_ids):
-            raise ValueError(
-                f"backend generate() returned {len(log_probs)} log-probs for {len(token_ids)} tokens"
-            )
+            raise ValueError(f"backend generate() returned {len(log_probs)} log-probs for {len(token_ids)} tokens")
     elif want_logprobs and token_ids:
         raise ValueError("backend generate() was asked for log-probs (logprobs=True) but returned none")
     return {

@@ -57,7 +57,9 @@ class RemoteRolloutServer:
         rollout = main_config.actor_rollout_ref.rollout
         self._response_length = int(rollout.response_length)
         self._prompt_length = int(rollout.prompt_length)
-        self._max_model_len: Optional[int] = None if rollout.get("max_model_len") is None else int(rollout.max_model_len)
+        self._max_model_len: Optional[int] = (
+            None if rollout.get("max_model_len") is None else int(rollout.max_model_len)
+        )
         self._replica_rank = replica_rank
         self._asleep = False
         self._lifecycle_lock = asyncio.Lock()
