@@ -34,6 +34,16 @@ GOOD = [
 ]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _model_dir(tmp_path_factory):
+    """Validation checks actor_rollout_ref.model.path (and its context length): give GOOD a real one."""
+    model = tmp_path_factory.mktemp("cfg_model")
+    (model / "config.json").write_text('{"model_type": "qwen2", "max_position_embeddings": 4096}')
+    GOOD.append(f"actor_rollout_ref.model.path={model}")
+    yield
+    GOOD.pop()
+
+
 def _with(*changes: str) -> list[str]:
     keys = {c.split("=", 1)[0] for c in changes}
     return [o for o in GOOD if o.split("=", 1)[0] not in keys] + list(changes)

@@ -13,13 +13,17 @@ checkpoint directory); none imports Ray or starts anything. Extend this module
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
 from verl.remote_backend.base import RemoteBackend, supports_resume
+from verl.remote_backend.checkpoints import checkpoint_problem, resume_failure, tracker_target_problem
 from verl.remote_backend.registry import RemoteBackendRegistry
+from verl.remote_backend.reliability import ReliabilitySettings
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -110,7 +114,11 @@ def check_single_forwarder(name: str, single: bool, config: "DictConfig") -> Non
 
 
 def _find_resume_checkpoint(config: "DictConfig") -> Optional[str]:
-    """The checkpoint folder verl's ``_load_checkpoint`` would load, or ``None``."""
+    """The checkpoint folder verl's ``_load_checkpoint`` would load, or ``None``.
+
+    Raises ``ResumeCheckpointError`` when verl's tracker names a step whose folder
+    is gone: verl would then start from scratch without a word.
+    """
     mode = config.trainer.get("resume_mode", "auto")
     if mode == "disable":
         return None
@@ -121,7 +129,94 @@ def _find_resume_checkpoint(config: "DictConfig") -> Optional[str]:
     folder = config.trainer.default_local_dir
     if not os.path.isabs(folder):
         folder = os.path.join(os.getcwd(), folder)
+    missing = tracker_target_problem(folder)
+    if missing is not None:
+        raise resume_failure(os.path.join(folder, "global_step_<tracked>"), missing)
     return find_latest_ckpt_path(folder)
+
+
+#: Keys of the shared ``remote_backend`` block that are not backends.
+RESERVED_BLOCKS = ("timeouts", "liveness", "retry")
+# "org/name" Hugging Face hub ids: the forwarder (and a server-side engine) may fetch these.
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_REMOTE_PREFIXES = ("hdfs://", "s3://", "gs://", "http://", "https://")
+
+
+def _check_model_path(config: "DictConfig") -> Optional[str]:
+    """``actor_rollout_ref.model.path`` must be set and, when local, a model directory.
+
+    Returns the local directory (``None`` for a hub id or a remote URI, which are
+    fetched later)."""
+    raw = config.actor_rollout_ref.model.get("path")
+    setting = "actor_rollout_ref.model.path"
+    if raw is None or not str(raw).strip():
+        raise _fail(setting, raw, "no model is set", f"set {setting}=<Hugging Face model directory>")
+    path = str(raw).strip()
+    if path.startswith(_REMOTE_PREFIXES):
+        return None
+    local = os.path.abspath(os.path.expanduser(path))
+    if os.path.isdir(local):
+        if not os.path.isfile(os.path.join(local, "config.json")):
+            raise _fail(setting, path, "the directory has no config.json, so it is not a Hugging Face model",
+                        f"point {setting} at the folder holding the model's config.json")
+        return local
+    if _HUB_ID.match(path) and not os.path.exists(local):
+        return None  # e.g. Qwen/Qwen2.5-0.5B-Instruct
+    raise _fail(
+        setting,
+        path,
+        "no such model directory",
+        f"download the model first (e.g. `huggingface-cli download <repo> --local-dir <dir>`) and set {setting}=<dir>",
+    )
+
+
+def _model_context(local_model: Optional[str]) -> Optional[int]:
+    """``max_position_embeddings`` of a local model's config.json (top level or ``text_config``)."""
+    if local_model is None:
+        return None
+    try:
+        with open(os.path.join(local_model, "config.json")) as fh:
+            hf = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    for node in (hf, hf.get("text_config") or {}):
+        value = node.get("max_position_embeddings") if isinstance(node, dict) else None
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def _check_context(config: "DictConfig", name: str, local_model: Optional[str]) -> None:
+    """Prompt + response must fit the model context (and the backend's/rollout's ``max_model_len``)."""
+    rollout = config.actor_rollout_ref.rollout
+    limits = {}
+    model_ctx = _model_context(local_model)
+    if model_ctx is not None:
+        limits[f"the model's max_position_embeddings ({local_model}/config.json)"] = model_ctx
+    for key in ("actor_rollout_ref.rollout.max_model_len", f"remote_backend.{name}.max_model_len"):
+        from omegaconf import OmegaConf
+
+        value = OmegaConf.select(config, key, default=None)
+        if isinstance(value, int) and value > 0:
+            limits[key] = value
+    if not limits:
+        return
+    source, context = min(limits.items(), key=lambda item: item[1])
+    prompt, response = int(rollout.prompt_length), int(rollout.response_length)
+    if response > context:
+        raise _fail(
+            "data.max_response_length",
+            response,
+            f"the response length is above the model context: {source} = {context}",
+            f"set data.max_response_length <= {context} (and data.max_prompt_length + it <= {context})",
+        )
+    if prompt + response > context:
+        raise _fail(
+            "data.max_prompt_length + data.max_response_length",
+            f"{prompt} + {response}",
+            f"prompt + response ({prompt + response} tokens) exceed the model context: {source} = {context}",
+            f"lower data.max_prompt_length / data.max_response_length so they sum to <= {context}",
+        )
 
 
 def validate_remote_backend_config(config: "DictConfig", *, check_resume: bool = True) -> Optional[RemoteRunPlan]:
@@ -133,15 +228,27 @@ def validate_remote_backend_config(config: "DictConfig", *, check_resume: bool =
     list the known names / the install command) and checks, in order: worker
     path, device, rollout name and replica count, single-forwarder constraint,
     unsupported verl features (critic, reward model, HDFS, non-naive weight
-    sync) and, when ``check_resume``, that a requested resume is possible.
+    sync), the shared ``remote_backend.{timeouts,liveness,retry}`` block, the
+    model path and that prompt + response fit the model context and, when
+    ``check_resume``, that a requested resume is possible from a complete
+    checkpoint (see :mod:`verl.remote_backend.checkpoints`).
 
     Raises:
         RemoteBackendConfigError: the first violated rule.
-        UnknownBackendError, BackendImportError: from the registry.
+        ResumeCheckpointError: the checkpoint to resume from is missing or partial.
+        UnknownBackendError, BackendImportError: from the registry (the latter
+            with the install command of a backend's optional dependency).
     """
     name = backend_name(config)
     if name is None:
         return None
+    if name in RESERVED_BLOCKS:
+        raise _fail(
+            "trainer.remote_backend",
+            name,
+            f"remote_backend.{name} holds the shared reliability settings, not a backend",
+            "name a registered backend (e.g. local or arctic)",
+        )
     backend_cls = RemoteBackendRegistry.get(name)
     trainer, rollout = config.trainer, config.actor_rollout_ref.rollout
 
@@ -248,6 +355,14 @@ def validate_remote_backend_config(config: "DictConfig", *, check_resume: bool =
             "(logical CPUs may exceed physical cores) or leave it null",
         )
 
+    try:
+        ReliabilitySettings.from_main_config(config)
+    except ValueError as exc:
+        raise RemoteBackendConfigError(
+            f"{exc}. Fix: see the commented remote_backend.timeouts/liveness/retry block in remote_ppo_trainer.yaml"
+        ) from None
+    _check_context(config, name, _check_model_path(config))
+
     resume_from = _find_resume_checkpoint(config) if check_resume else None
     if resume_from is not None and not supports_resume(backend_cls):
         raise _fail(
@@ -258,6 +373,10 @@ def validate_remote_backend_config(config: "DictConfig", *, check_resume: bool =
             "set trainer.resume_mode=disable to start from scratch, or point trainer.default_local_dir "
             "at an empty directory",
         )
+    if resume_from is not None:
+        problem = checkpoint_problem(resume_from, checksums=False)
+        if problem is not None:
+            raise resume_failure(resume_from, problem)
     return RemoteRunPlan(
         backend_cls=backend_cls,
         name=name,

@@ -15,6 +15,7 @@ directly:
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
@@ -203,11 +204,14 @@ def parse_global_step(path: str) -> Optional[int]:
     return int(found[-1]) if found else None
 
 
-def checkpoints_to_prune(saved: Sequence[str], max_keep: Optional[int]) -> list[str]:
+def checkpoints_to_prune(saved: Sequence[str], max_keep: Optional[int], *, protect: Optional[str] = None) -> list[str]:
     """Oldest entries of ``saved`` (oldest first) beyond the newest ``max_keep``.
 
     ``None`` or a value <= 0 keeps everything, as in verl's checkpoint managers.
+    ``protect`` (the checkpoint verl's tracker names) is never pruned, so a crash
+    between saving a new checkpoint and verl confirming it leaves one to resume from.
     """
     if max_keep is None or max_keep <= 0 or len(saved) <= max_keep:
         return []
-    return list(saved[: len(saved) - max_keep])
+    keep = None if protect is None else os.path.normpath(os.path.abspath(protect))
+    return [p for p in saved[: len(saved) - max_keep] if keep is None or os.path.normpath(os.path.abspath(p)) != keep]

@@ -16,6 +16,7 @@ Nothing here pickles code: tensors go to safetensors, other state to
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
@@ -66,12 +67,16 @@ def write_checkpoint_dir(
     path = os.path.abspath(os.path.expanduser(path))
     parent = os.path.dirname(path)
     os.makedirs(parent, exist_ok=True)
+    # Leftovers of a write that was killed before its rename (one writer per path: none is live).
+    for stale in glob.glob(os.path.join(glob.escape(parent), f".{glob.escape(os.path.basename(path))}.tmp-*")):
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp-", dir=parent)
     try:
         files = {}
         for name, write in writers.items():
             target = os.path.join(tmp, name)
             write(target)
+            _fsync_file(target)  # contents durable before the rename publishes them
             files[name] = {"sha256": _sha256(target), "bytes": os.path.getsize(target)}
         manifest = {"format": FORMAT_VERSION, "step": int(step), "files": files, **dict(extra or {})}
         with open(os.path.join(tmp, MANIFEST), "w") as fh:
@@ -79,22 +84,30 @@ def write_checkpoint_dir(
             fh.flush()
             os.fsync(fh.fileno())
         _swap_in(tmp, path)
+        _fsync_dir(parent)  # the rename itself durable
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return path
 
 
-def verify_checkpoint_dir(path: str, step: Optional[int] = None) -> dict[str, Any]:
+def verify_checkpoint_dir(path: str, step: Optional[int] = None, *, checksums: bool = True) -> dict[str, Any]:
     """Check ``path`` against its manifest and return the manifest.
+
+    ``checksums=False`` checks presence and sizes only (cheap: for listing
+    candidates); loading always verifies the sha256 of every file.
 
     Raises:
         CheckpointError: the directory or manifest is missing, a listed file is
-            missing or its checksum differs, or ``step`` is given and differs.
+            missing, has another size or its checksum differs, or ``step`` is
+            given and differs.
     """
     path = os.path.abspath(os.path.expanduser(path))
     if not os.path.isdir(path):
-        raise CheckpointError(f"checkpoint directory {path} does not exist")
+        parent, base = glob.escape(os.path.dirname(path)), glob.escape(os.path.basename(path))
+        leftovers = sorted(glob.glob(os.path.join(parent, f".{base}.tmp-*")) + glob.glob(os.path.join(parent, f"{base}.old-*")))
+        hint = f" (an interrupted write left {[os.path.basename(p) for p in leftovers]})" if leftovers else ""
+        raise CheckpointError(f"checkpoint directory {path} does not exist{hint}")
     manifest_path = os.path.join(path, MANIFEST)
     if not os.path.isfile(manifest_path):
         raise CheckpointError(f"{path} has no {MANIFEST}: it is not a complete local-backend checkpoint")
@@ -109,7 +122,12 @@ def verify_checkpoint_dir(path: str, step: Optional[int] = None) -> dict[str, An
         file = os.path.join(path, name)
         if not os.path.isfile(file):
             raise CheckpointError(f"checkpoint {path} is missing {name} (listed in {MANIFEST})")
-        if _sha256(file) != meta.get("sha256"):
+        if meta.get("bytes") is not None and os.path.getsize(file) != int(meta["bytes"]):
+            raise CheckpointError(
+                f"checkpoint file {file} is truncated or corrupt: {os.path.getsize(file)} bytes, "
+                f"{MANIFEST} says {meta['bytes']}"
+            )
+        if checksums and _sha256(file) != meta.get("sha256"):
             raise CheckpointError(f"checkpoint file {file} is corrupt: its sha256 does not match {MANIFEST}")
     if step is not None and int(manifest.get("step", -1)) != int(step):
         raise CheckpointError(f"checkpoint {path} is from step {manifest.get('step')}, not the requested step {step}")
@@ -130,6 +148,24 @@ def _swap_in(tmp: str, path: str) -> None:
         os.rename(old, path)
         raise
     shutil.rmtree(old, ignore_errors=True)
+
+
+def _fsync_file(file: str) -> None:
+    with open(file, "rb") as fh:
+        os.fsync(fh.fileno())
+
+
+def _fsync_dir(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # e.g. platforms without directory fds: best effort
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _sha256(file: str) -> str:

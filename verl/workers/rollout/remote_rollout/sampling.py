@@ -12,6 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Optional
 
+from verl.remote_backend.output_checks import check_finite_floats, check_token_ids
+from verl.remote_backend.reliability import BackendOutputError
+
 __all__ = ["cap_max_tokens", "backend_sampling_params", "check_generate_result"]
 
 
@@ -62,29 +65,35 @@ def backend_sampling_params(sampling_params: Mapping[str, Any], max_tokens: int)
     return params
 
 
-def check_generate_result(result: Any, *, max_tokens: int, want_logprobs: bool) -> dict[str, Any]:
+def check_generate_result(
+    result: Any, *, max_tokens: int, want_logprobs: bool, vocab_size: Optional[int] = None
+) -> dict[str, Any]:
     """Validate a backend's ``generate`` answer; return ``TokenOutput`` keyword arguments.
 
     Raises:
-        ValueError: missing ``token_ids``, non-integer ids, more than
-            ``max_tokens`` tokens, or a log-prob list of the wrong length.
+        BackendOutputError (a ``ValueError``): missing ``token_ids``, non-integer
+            ids, ids outside ``[0, vocab_size)`` (when given), more than
+            ``max_tokens`` tokens, or a log-prob list of the wrong length or with NaN/Inf.
     """
     if not isinstance(result, Mapping) or "token_ids" not in result:
         got = sorted(result) if isinstance(result, Mapping) else type(result).__name__
-        raise ValueError(f"backend generate() result must contain 'token_ids'; got {got}")
+        raise BackendOutputError(f"backend generate() result must contain 'token_ids'; got {got}")
     token_ids = list(result["token_ids"])
-    if not all(isinstance(t, int) or (hasattr(t, "__index__") and not isinstance(t, bool)) for t in token_ids):
-        raise ValueError("backend generate() returned non-integer token ids")
+    bad = [t for t in token_ids if isinstance(t, bool) or not (isinstance(t, int) or hasattr(t, "__index__"))]
+    if bad:
+        raise BackendOutputError(f"backend generate() returned non-integer token ids: expected ints, got {bad[0]!r}")
     token_ids = [int(t) for t in token_ids]
     if len(token_ids) > max_tokens:
-        raise ValueError(f"backend generate() returned {len(token_ids)} tokens but max_tokens was {max_tokens}")
+        raise BackendOutputError(f"backend generate() returned {len(token_ids)} tokens but max_tokens was {max_tokens}")
+    check_token_ids(token_ids, vocab_size=vocab_size, where="backend generate()")
     log_probs = result.get("log_probs")
     if log_probs is not None:
         log_probs = [float(x) for x in log_probs]
         if len(log_probs) != len(token_ids):
-            raise ValueError(f"backend generate() returned {len(log_probs)} log-probs for {len(token_ids)} tokens")
+            raise BackendOutputError(f"backend generate() returned {len(log_probs)} log-probs for {len(token_ids)} tokens")
+        check_finite_floats(log_probs, "backend generate() log_probs")
     elif want_logprobs and token_ids:
-        raise ValueError("backend generate() was asked for log-probs (logprobs=True) but returned none")
+        raise BackendOutputError("backend generate() was asked for log-probs (logprobs=True) but returned none")
     return {
         "token_ids": token_ids,
         "log_probs": log_probs if want_logprobs else None,

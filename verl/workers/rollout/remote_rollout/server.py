@@ -27,7 +27,9 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig
 
+from verl.remote_backend.guard import BackendGuard
 from verl.remote_backend.registry import RemoteBackendRegistry
+from verl.remote_backend.reliability import ReliabilitySettings
 from verl.workers.rollout.remote_rollout.sampling import (
     backend_sampling_params,
     cap_max_tokens,
@@ -54,6 +56,9 @@ class RemoteRolloutServer:
     def __init__(self, main_config: DictConfig, handle: dict[str, Any], replica_rank: int = 0) -> None:
         name = str(main_config.trainer.remote_backend)
         self._backend = RemoteBackendRegistry.get(name).from_config(main_config, handle=handle)
+        # One guard for all concurrent requests: time limits, one shared liveness watchdog.
+        self._guard = BackendGuard(self._backend, name=name, settings=ReliabilitySettings.from_main_config(main_config))
+        self._vocab_size = _model_vocab_size(main_config)
         rollout = main_config.actor_rollout_ref.rollout
         self._response_length = int(rollout.response_length)
         self._prompt_length = int(rollout.prompt_length)
@@ -94,8 +99,13 @@ class RemoteRolloutServer:
         if max_tokens == 0:
             return TokenOutput(token_ids=[], log_probs=[] if want_logprobs else None, stop_reason="completed")
         params = backend_sampling_params(sampling_params, max_tokens)
-        result = await self._backend.generate(list(prompt_ids), params)
-        return TokenOutput(**check_generate_result(result, max_tokens=max_tokens, want_logprobs=want_logprobs))
+        prompt = list(prompt_ids)
+        result = await self._guard.call("generate", lambda: self._backend.generate(prompt, params))
+        return TokenOutput(
+            **check_generate_result(
+                result, max_tokens=max_tokens, want_logprobs=want_logprobs, vocab_size=self._vocab_size
+            )
+        )
 
     # ------------------------------------------------------------ lifecycle
     async def wake_up(self) -> None:
@@ -132,10 +142,31 @@ class RemoteRolloutServer:
         fn = getattr(self._backend, method, None)
         if fn is None or not inspect.iscoroutinefunction(fn):
             return
-        await fn()
+        await self._guard.call(method, fn)
 
     async def destroy(self) -> None:
         """Drop this server's connection (the shared engine stays up: the client was re-attached)."""
         result = self._backend.destroy()
         if inspect.isawaitable(result):
-            await result
+            await asyncio.wait_for(result, timeout=self._guard.settings.timeouts.destroy)
+
+
+def _model_vocab_size(main_config: DictConfig) -> Optional[int]:
+    """Rows of the model's embedding (``vocab_size`` of its HF config): generated ids must be below it.
+
+    ``None`` (check disabled, with a warning) when the config cannot be read here.
+    """
+    model = main_config.actor_rollout_ref.model
+    try:
+        from transformers import AutoConfig
+
+        from verl.utils.fs import copy_to_local
+
+        local = copy_to_local(model.path, use_shm=model.get("use_shm", False))
+        hf = AutoConfig.from_pretrained(local, trust_remote_code=bool(model.get("trust_remote_code", False)))
+        text = hf.get_text_config() if hasattr(hf, "get_text_config") else hf
+        size = getattr(text, "vocab_size", None)
+        return int(size) if size else None
+    except Exception as exc:  # noqa: BLE001 - the check is a safeguard, not a requirement
+        logger.warning("Cannot read the model's vocab_size (%s); generated token ids are not range-checked", exc)
+        return None
