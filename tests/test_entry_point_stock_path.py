@@ -10,7 +10,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from remote_e2e import REPO_ROOT, compose
+from remote_e2e import REPO_ROOT, build_model, compose
 
 OUR_KEYS_NOTE = "trainer.remote_backend and remote_backend.* are the only additions"
 
@@ -80,7 +80,7 @@ def test_null_backend_runs_verls_run_ppo_with_verls_task_runner_and_trainer(monk
     assert verl_main_ppo.RayPPOTrainer is RayPPOTrainer
 
 
-def test_a_named_backend_runs_verls_run_ppo_with_our_task_runner(monkeypatch):
+def test_a_named_backend_runs_verls_run_ppo_with_our_task_runner(monkeypatch, tmp_path):
     import verl.trainer.main_ppo as verl_main_ppo
     from verl.remote_backend.main_ppo import run
     from verl.remote_backend.task_runner import RemoteBackendTaskRunner, substitute_trainer_class
@@ -100,6 +100,7 @@ def test_a_named_backend_runs_verls_run_ppo_with_our_task_runner(monkeypatch):
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         "algorithm.adv_estimator=grpo",
         "trainer.resume_mode=disable",
+        f"actor_rollout_ref.model.path={build_model(tmp_path / 'model')}",
     ]
     run(compose(overrides))
     ((config, runner_cls),) = calls
