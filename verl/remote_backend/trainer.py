@@ -16,23 +16,24 @@ checkpoint schedule, metrics). What changes:
    loop, then attaches the forwarders to the same handle.
 5. **Always torn down** - the backend is destroyed in a ``finally`` after
    ``fit()`` (also when it raises) and when ``init_workers`` fails.
+6. **Bounded** - creating and destroying the backend run under
+   ``remote_backend.timeouts.{create,destroy}`` (see :mod:`verl.remote_backend.guard`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import logging
 import os
-import threading
 from dataclasses import dataclass
-from typing import Any, Awaitable, Optional
+from typing import Any, Optional
 
 import ray
 
 from verl.remote_backend.base import RemoteBackend
 from verl.remote_backend.cpu_compat import install_flash_attn_fallback
+from verl.remote_backend.guard import run_with_timeout
 from verl.remote_backend.registry import RemoteBackendRegistry
+from verl.remote_backend.reliability import BackendTimeoutError, ReliabilitySettings
 from verl.remote_backend.validation import (
     RemoteRunPlan,
     check_single_forwarder,
@@ -80,32 +81,6 @@ class CPUResourcePoolManager(ResourcePoolManager):
 def forwarder_role(config: Any) -> Role:
     """The actor role verl's new worker path uses: with a fused reference policy or without."""
     return Role.ActorRolloutRef if need_reference_policy(config) else Role.ActorRollout
-
-
-def _run_awaitable(awaitable: Awaitable[Any]) -> Any:
-    """Wait for ``awaitable`` from sync code, with or without a running event loop."""
-
-    async def _await() -> Any:
-        return await awaitable
-
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(_await())
-    box: dict[str, Any] = {}
-
-    def _target() -> None:
-        try:
-            box["value"] = asyncio.run(_await())
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
-            box["error"] = exc
-
-    thread = threading.Thread(target=_target, name="remote-backend-destroy")
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
 
 
 class RemoteBackendTrainer(RayPPOTrainer):
@@ -159,7 +134,13 @@ class RemoteBackendTrainer(RayPPOTrainer):
         from verl.workers.rollout.remote_rollout.replica import register_remote_replica
 
         try:
-            self.backend = RemoteBackendRegistry.create(self.plan.name, self.config)
+            # Bounded by remote_backend.timeouts.create: a backend that never comes up fails the run.
+            self.backend = run_with_timeout(
+                lambda: RemoteBackendRegistry.create(self.plan.name, self.config),
+                op="create",
+                backend=self.plan.name,
+                limit_s=ReliabilitySettings.from_main_config(self.config).timeouts.create,
+            )
             check_single_forwarder(self.plan.name, bool(self.backend.requires_single_forwarder()), self.config)
             self._handle = self.backend.reconnect_handle()
             # The AgentLoopManager is built in this process; bind its replica class to our handle.
@@ -198,6 +179,16 @@ class RemoteBackendTrainer(RayPPOTrainer):
                 ray.get(refs, timeout=_DETACH_TIMEOUT_S)
             except Exception as exc:  # noqa: BLE001
                 logger.warning("Detaching from the backend did not finish cleanly: %s", exc)
-        result = backend.destroy()
-        if inspect.isawaitable(result):
-            _run_awaitable(result)
+        try:
+            # Bounded by remote_backend.timeouts.destroy; a sync or async destroy() alike.
+            run_with_timeout(
+                backend.destroy,
+                op="destroy",
+                backend=self.plan.name,
+                limit_s=ReliabilitySettings.from_main_config(self.config).timeouts.destroy,
+            )
+        except BackendTimeoutError as exc:  # runs in `finally`: report, never mask the run's own error
+            logger.error("%s", exc)
+            print(f"[remote_backend] {exc}", flush=True)
+            return
+        print(f"[remote_backend] destroyed backend {self.plan.name!r}", flush=True)

@@ -27,7 +27,10 @@ Failures: no call is retried. ``fwd_bwd`` and ``step`` change the model and
 must never be re-sent blindly, so every transport error surfaces at once as an
 :class:`~.arctic.errors.ArcticBackendError` naming the op, the server address and
 the server's detail; only the start-up ``/health`` probe (idempotent) retries,
-with capped backoff, for at most ``connect_timeout_s``.
+with capped backoff, for at most ``connect_timeout_s``. On the verl side the
+forwarder's guard (:mod:`verl.remote_backend.guard`) may re-send idempotent reads
+(log-probs, checkpoint loads) after an unreachable-server error, and probes
+:meth:`ArcticBackend.health` while calls run to detect a dead or frozen server.
 
 This module is imported only by ``RemoteBackendRegistry.get("arctic")``; it is
 the only one that imports ``arctic_platform``.
@@ -79,6 +82,7 @@ class ArcticBackend(RemoteBackend):
         owner: bool,
         server: Optional[ServerProcess] = None,
         server_state: Any = None,
+        server_log: Optional[str] = None,
     ) -> None:
         self._main = main_config
         self.cfg = cfg
@@ -86,6 +90,8 @@ class ArcticBackend(RemoteBackend):
         self._owner = owner
         self._server = server
         self._server_state = server_state
+        # Log file of a server this backend launched (travels in the handle, for liveness errors).
+        self._server_log = server_log or (server.log_path if server is not None else None)
         self._sync = cfg.protocol == "http"
         self._address = f"{cfg.host}:{cfg.port}"
         # The limit in force is the client's (a re-attached handle may carry its own).
@@ -131,11 +137,13 @@ class ArcticBackend(RemoteBackend):
                     log_dir=client_cfg.training.checkpoint_path,
                 )
             server_state = None
+            server_log = None  # taken from the launched server, if any
         else:
             if not isinstance(handle, dict) or handle.get("backend") != "arctic" or "client_config" not in handle:
                 raise ValueError("handle is not an arctic-backend handle (expected the dict from ArcticBackend.reconnect_handle())")
             client_cfg = ArcticClientConfig.model_validate(handle["client_config"])
             server_state = handle.get("server_state")
+            server_log = handle.get("server_log")
         try:
             if cfg.protocol == "http":
                 probe_health(cfg.host, cfg.port, cfg.connect_timeout_s)
@@ -148,7 +156,15 @@ class ArcticBackend(RemoteBackend):
             raise translate_error(exc, op="initialize", address=f"{cfg.host}:{cfg.port}") from exc
         if handle is None and cfg.protocol == "ray":
             server_state = client.get_server_state()
-        return cls(main_config, cfg, client, owner=handle is None, server=server, server_state=server_state)
+        return cls(
+            main_config,
+            cfg,
+            client,
+            owner=handle is None,
+            server=server,
+            server_state=server_state,
+            server_log=server_log,
+        )
 
     def reconnect_handle(self) -> dict[str, Any]:
         """Job ids + connection settings (JSON) and, for Ray, the server-state actor handle."""
@@ -156,6 +172,7 @@ class ArcticBackend(RemoteBackend):
             "backend": "arctic",
             "client_config": self._live_client().reconnect_config().model_dump(mode="json"),
             "server_state": self._server_state,
+            "server_log": self._server_log,
         }
 
     async def destroy(self) -> None:
@@ -311,6 +328,31 @@ class ArcticBackend(RemoteBackend):
         if isinstance(resp, dict) and step is not None and resp.get("global_step") is not None:
             logger.info("arctic: restored %s (engine step %s)", resp.get("path"), resp.get("global_step"))
         await self.update_weights()
+
+    # ------------------------------------------------------------ liveness (optional capabilities)
+    async def health(self) -> None:
+        """One ``GET /health`` (HTTP), no retry: the caller's watchdog decides. Raises when the
+        server does not answer 200. With ``protocol=ray`` Ray reports a dead server actor itself."""
+        if not self._sync:
+            return
+        import requests
+
+        url = f"http://{self._address}/health"
+        limit = min(float(self.cfg.connect_timeout_s), _TEARDOWN_TIMEOUT_S)
+
+        def _probe() -> None:
+            requests.get(url, timeout=limit).raise_for_status()
+
+        try:
+            await asyncio.to_thread(_probe)
+        except Exception as exc:
+            raise translate_error(exc, op="health", address=self._address, timeout_s=limit) from exc
+
+    def log_location(self) -> str:
+        """The launched server's log file, or where an attached server's logs are."""
+        if self._server_log:
+            return f"{self._server_log} (Arctic RL server at {self._address})"
+        return f"the Arctic RL server's own logs at {self._address} (it was started outside verl)"
 
     # ------------------------------------------------------------ helpers
     def _live_client(self) -> Any:

@@ -14,8 +14,10 @@ dict to ``from_config(cfg, handle=...)`` with, which only attaches; ``destroy()`
 on the creating client kills the actor, on an attached client drops the
 reference only. Both are idempotent.
 
-Optional capabilities: ``async load_checkpoint(path, step)`` (resume) and a
-``"device"`` entry in ``compute_log_prob`` / ``update_actor`` results.
+Optional capabilities: ``async load_checkpoint(path, step)`` (resume), a
+``"device"`` entry in ``compute_log_prob`` / ``update_actor`` results, and for
+liveness ``async health()`` (a round trip to the actor; Ray fails it at once
+when the actor process is gone) and ``log_location()`` (the actor's Ray logs).
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ class LocalBackend(RemoteBackend):
             if isinstance(cause, Exception) and not isinstance(cause, ray.exceptions.RayError):
                 raise cause from None  # e.g. ConfigError naming actor_rollout_ref.model.path
             raise RuntimeError(f"the local backend engine failed to start: {exc}") from exc
-        return cls(actor, owner=True, info=info)
+        return cls(actor, owner=True, info={**info, "ray_log_dir": _ray_log_dir()})
 
     def reconnect_handle(self) -> dict[str, Any]:
         """``{"kind": "local", "actor": <Ray actor handle>, "info": {...}}`` - picklable."""
@@ -168,10 +170,30 @@ class LocalBackend(RemoteBackend):
         """Live engine status (policy_version, optimizer_steps, pid, batches_run, ...)."""
         return await _unwrap(self._live().info.remote())
 
+    async def health(self) -> None:
+        """Liveness probe: returns when the engine actor answers, raises when it is gone."""
+        await _unwrap(self._live().info.remote())
+
+    def log_location(self) -> str:
+        """Where the engine actor's output goes (its Ray worker log files)."""
+        pid = self._info.get("pid", "?")
+        log_dir = self._info.get("ray_log_dir") or "<ray session dir>/logs"
+        return f"the engine actor's Ray worker logs (pid {pid}): {log_dir}/worker-*-{pid}.out and .err"
+
     def _live(self) -> Any:
         if self._destroyed or self._actor is None:
             raise RuntimeError("this LocalBackend was destroyed; create or re-attach a new one")
         return self._actor
+
+
+def _ray_log_dir() -> Optional[str]:
+    """This Ray session's log directory (private Ray API, so best effort)."""
+    try:
+        from ray._private import worker as ray_worker
+
+        return ray_worker._global_node.get_logs_dir_path()
+    except Exception:  # noqa: BLE001 - only used in messages
+        return None
 
 
 async def _unwrap(ref: Any) -> Any:
