@@ -78,6 +78,7 @@ cd "$work"
     actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
     actor_rollout_ref.rollout.n="$rollout_n" \
     actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu="$((batch * rollout_n))" \
+    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu="$((batch * rollout_n))" \
     actor_rollout_ref.rollout.agent.num_workers=1 \
     reward.num_workers=1 \
     remote_backend.local.device=cpu \
@@ -96,6 +97,7 @@ cd "$work"
 import json, os, sys
 
 rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+rows = [row for row in rows if "timing_s/step" in row["data"]]  # training steps (not validation-only logs)
 columns = {"critic/score/mean": "score", "response_length/mean": "resp_len", "actor/pg_loss": "pg_loss",
            "actor/grad_norm": "grad_norm", "perf/mfu/actor": "mfu_update", "timing_s/gen": "gen_s",
            "timing_s/update_actor": "update_s", "timing_s/step": "step_s"}
