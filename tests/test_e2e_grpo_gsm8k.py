@@ -1,5 +1,10 @@
 """End to end: GRPO on a gsm8k subset through ``python -m verl.remote_backend.main_ppo``
-with ``trainer.remote_backend=local`` - real Ray, real verl trainer, CPU only."""
+with ``trainer.remote_backend=local`` - real Ray, real verl trainer, CPU only.
+
+Besides the required metrics, the run also exercises the reference model (KL loss: the
+forwarder's ``compute_ref_log_prob`` on the ``ref`` mesh) and a validation pass before
+training (generation through the rollout replica with verl's validation sampling).
+"""
 
 from __future__ import annotations
 
@@ -24,12 +29,18 @@ def test_grpo_steps_on_gsm8k_log_finite_metrics_and_write_a_checkpoint(assets, t
     ckpt = tmp_path / "ckpt"
     overrides = small_ci_overrides(
         model=assets["model"], train=assets["train"], test=assets["test"], ckpt_dir=ckpt, steps=2, save_freq=2
-    )
+    ) + [
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        "actor_rollout_ref.actor.kl_loss_coef=0.01",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
+        "trainer.val_before_train=true",
+    ]
     result = run_entry(overrides, workdir=tmp_path / "run")
     assert result.returncode == 0, result.tail()
     print(f"\n[e2e] wall {result.wall_s:.1f}s, peak PSS of the run's process tree {result.peak_pss_gb:.2f} GiB")
 
-    assert [m["step"] for m in result.metrics] == [1, 2]
+    assert [m["step"] for m in result.metrics] == [0, 1, 2]  # 0: the validation pass before training
+    assert math.isfinite(result.step(0)["val-core/openai/gsm8k/acc/mean@1"])
     for step in (1, 2):
         metrics = result.step(step)
         timing = {k: round(v, 3) for k, v in metrics.items() if k.startswith("timing_s/") and "agent_loop" not in k}
@@ -42,6 +53,7 @@ def test_grpo_steps_on_gsm8k_log_finite_metrics_and_write_a_checkpoint(assets, t
         # the local engine reports its CPU: MFU is measured against verl's CPU peak, so it is > 0
         assert metrics["perf/mfu/actor"] > 0 and metrics["perf/mfu/actor_infer"] > 0
         assert metrics["training/global_step"] == step
+        assert "timing_s/ref" in metrics and math.isfinite(metrics["actor/kl_loss"])
 
     actor_ckpt = ckpt / "global_step_2" / "actor"
     assert (actor_ckpt / "manifest.json").is_file() and (actor_ckpt / "model.safetensors").is_file()
