@@ -1,0 +1,173 @@
+"""Faulty backends of the suite, registered the documented way (``@RemoteBackendRegistry.register``).
+
+* ``fault-scripted`` - a test double that speaks the full contract without an
+  engine (instant, deterministic); :data:`ScriptedBackend.SCRIPT` maps an op to
+  the fault it injects.
+* ``fault-local`` - the real ``local`` backend (its Ray engine actor), with
+  faults injected around the real calls: outputs corrupted after the engine
+  answered, or the engine actor SIGKILLed while a call is in flight. Faults
+  come from :data:`CorruptingLocalBackend.SCRIPT` (in-process tests) or the
+  ``VRB_FAULT`` environment variable (``<op>:<fault>[:<nth call>]``, for full
+  runs where forwarders live in other processes; import this module there via
+  ``VERL_USE_EXTERNAL_MODULES=faults.backends``).
+
+Faults: ``hang`` (never answers), ``wrong_shape``, ``nan``, ``missing_key``,
+``oov`` (a generated id past the vocabulary), ``kill`` (SIGKILL the engine
+process during the call).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import signal
+import time
+from typing import Any, Optional
+
+import torch
+
+from verl.remote_backend import RemoteBackend, RemoteBackendRegistry
+from verl.workers.remote_client.local_backend import LocalBackend
+
+__all__ = ["ScriptedBackend", "CorruptingLocalBackend", "corrupt"]
+
+
+def corrupt(op: str, fault: str, result: Any, *, vocab_size: int = 512) -> Any:
+    """Apply an output fault to a well-formed result of ``op``."""
+    if op == "compute_log_prob":
+        out = dict(result["model_output"])
+        if fault == "wrong_shape":
+            out["log_probs"] = out["log_probs"][:-1]
+        elif fault == "nan":
+            out["log_probs"] = out["log_probs"].clone()
+            out["log_probs"][3] = float("nan")
+        elif fault == "missing_key":
+            out.pop("log_probs")
+        return {**result, "model_output": out}
+    if op == "generate" and fault == "oov":
+        return {**result, "token_ids": list(result["token_ids"])[:-1] + [vocab_size + 7]}
+    return result
+
+
+@RemoteBackendRegistry.register("fault-scripted")
+class ScriptedBackend(RemoteBackend):
+    """Contract double: valid answers unless :data:`SCRIPT` names a fault for the op."""
+
+    SCRIPT: dict[str, str] = {}
+    VOCAB = 512
+
+    @classmethod
+    def from_config(cls, main_config, *, handle=None):
+        return cls()
+
+    def reconnect_handle(self):
+        return {}
+
+    def destroy(self):
+        return None
+
+    def requires_single_forwarder(self):
+        return True
+
+    async def _maybe_hang(self, op: str) -> None:
+        if self.SCRIPT.get(op) == "hang":
+            await asyncio.sleep(3600)
+
+    async def health(self) -> None:
+        await self._maybe_hang("health")
+
+    def log_location(self) -> str:
+        return "/nonexistent/scripted-backend.log"
+
+    async def compute_log_prob(self, data, *, ref, calculate_entropy, rollout_n, temperature, pad_token_id):
+        await self._maybe_hang("compute_log_prob")
+        total = data["input_ids"].values().shape[0]
+        out = {"log_probs": torch.full((total,), -0.5)}
+        if calculate_entropy:
+            out["entropy"] = torch.ones(total)
+        return corrupt("compute_log_prob", self.SCRIPT.get("compute_log_prob", ""), {"model_output": out, "metrics": {}})
+
+    async def update_actor(self, data, *, actor_config, pad_token_id, rollout_n, temperature):
+        await self._maybe_hang("update_actor")
+        return {"loss": 0.1, "metrics": {"pg_loss": 0.1}, "global_token_num": data["input_ids"].offsets().diff().tolist()}
+
+    async def generate(self, prompt_ids, sampling_params):
+        await self._maybe_hang("generate")
+        n = min(3, int(sampling_params["max_tokens"]))
+        result = {"token_ids": [5 + i for i in range(n)], "log_probs": None, "stop_reason": "completed"}
+        return corrupt("generate", self.SCRIPT.get("generate", ""), result, vocab_size=self.VOCAB)
+
+    async def update_weights(self):
+        await self._maybe_hang("update_weights")
+        return {"policy_version": 1}
+
+    async def save_checkpoint(self, path=None, step=None):
+        await self._maybe_hang("save_checkpoint")
+        from verl.workers.remote_client.local.checkpoint import write_checkpoint_dir
+
+        return write_checkpoint_dir(path, int(step or 0), {"weights.bin": lambda f: open(f, "wb").write(b"w" * 32)})
+
+    async def load_checkpoint(self, path, step):
+        await self._maybe_hang("load_checkpoint")
+
+
+def _env_script() -> tuple[dict[str, str], dict[str, int]]:
+    """``VRB_FAULT=<op>:<fault>[:<nth call>]`` -> ({op: fault}, {op: nth})."""
+    raw = os.environ.get("VRB_FAULT", "")
+    if not raw:
+        return {}, {}
+    op, fault, *nth = raw.split(":")
+    return {op: fault}, {op: int(nth[0]) if nth else 1}
+
+
+@RemoteBackendRegistry.register("fault-local")
+class CorruptingLocalBackend(LocalBackend):
+    """The real local backend plus injected faults (see module docstring)."""
+
+    SCRIPT: dict[str, str] = {}
+    #: op -> which call (1-based) gets the fault; others run clean
+    NTH: dict[str, int] = {}
+    #: seconds between sending a call and killing the engine (``kill`` fault)
+    KILL_AFTER_S = 0.3
+    _counts: dict[str, itertools.count] = {}
+
+    def _fault(self, op: str) -> str:
+        script, nth = (self.SCRIPT, self.NTH) if self.SCRIPT else _env_script()
+        fault = script.get(op, "")
+        if not fault:
+            return ""
+        call = next(self._counts.setdefault(op, itertools.count(1)))
+        return fault if call == nth.get(op, 1) else ""
+
+    async def _run(self, op: str, call, *, vocab_size: Optional[int] = None) -> Any:
+        fault = self._fault(op)
+        if fault == "hang":
+            await asyncio.sleep(3600)
+        if fault == "kill":
+            pid = int(self.info["pid"])
+            task = asyncio.ensure_future(call())
+            await asyncio.sleep(self.KILL_AFTER_S)
+            in_flight = not task.done()
+            os.kill(pid, signal.SIGKILL)
+            print(f"[fault] killed engine pid {pid} during {op} (in flight: {in_flight}) at {time.time():.3f}", flush=True)
+            return await task
+        result = await call()
+        return corrupt(op, fault, result, vocab_size=vocab_size or int(self.info.get("vocab_size", 512)))
+
+    async def compute_log_prob(self, data, **kwargs):
+        return await self._run("compute_log_prob", lambda: super(CorruptingLocalBackend, self).compute_log_prob(data, **kwargs))
+
+    async def update_actor(self, data, **kwargs):
+        return await self._run("update_actor", lambda: super(CorruptingLocalBackend, self).update_actor(data, **kwargs))
+
+    async def generate(self, prompt_ids, sampling_params):
+        return await self._run("generate", lambda: super(CorruptingLocalBackend, self).generate(prompt_ids, sampling_params))
+
+    async def save_checkpoint(self, path=None, step=None):
+        return await self._run("save_checkpoint", lambda: super(CorruptingLocalBackend, self).save_checkpoint(path, step))
+
+    def destroy(self) -> None:
+        if self._owner and not self._destroyed:
+            print(f"[fault] destroy called at {time.time():.3f}", flush=True)
+        super().destroy()

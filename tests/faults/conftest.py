@@ -1,0 +1,138 @@
+"""The fault ledger of the suite and its one-line summary.
+
+Each test injects faults through the ``fault`` fixture::
+
+    with fault.expect(BackendDiedError, match="died during update_actor", within_s=30):
+        ...  # code that must fail that way
+
+which counts the fault as injected, then as *surfaced correctly* when the
+expected error type and message arrived within the bound, or as a *hang* when
+it took longer (callers bound their waits with :func:`bounded`, so a hang ends
+as :class:`Hang` instead of blocking the suite). ``fault.protect(path)``
+registers a saved checkpoint; at the end of the test every protected
+checkpoint is verified against its manifest (sha256 of every file) and each
+one that no longer verifies counts as *lost*. At the end of the session the
+suite prints::
+
+    faults injected: N / surfaced correctly: N / hangs: N / checkpoints lost: N
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Iterator, Optional
+
+import pytest
+
+
+class Hang(AssertionError):
+    """A bounded wait ran out: the fault did not surface."""
+
+
+@dataclass
+class Ledger:
+    injected: int = 0
+    surfaced: int = 0
+    hangs: int = 0
+    checkpoints_lost: int = 0
+    cases: list = field(default_factory=list)
+
+    def line(self) -> str:
+        return (
+            f"faults injected: {self.injected} / surfaced correctly: {self.surfaced} / hangs: {self.hangs} / "
+            f"checkpoints lost: {self.checkpoints_lost}"
+        )
+
+
+LEDGER = Ledger()
+
+
+async def bounded(awaitable: Awaitable[Any], cap_s: float) -> Any:
+    """Await with a hard cap; past it raise :class:`Hang` (so a hang never blocks the suite)."""
+    # not asyncio.wait_for: the errors under test (BackendTimeoutError) are TimeoutErrors themselves
+    task = asyncio.ensure_future(awaitable)
+    done, _ = await asyncio.wait({task}, timeout=cap_s)
+    if not done:
+        task.cancel()
+        raise Hang(f"no result within {cap_s}s")
+    return task.result()
+
+
+@dataclass
+class Outcome:
+    error: Optional[BaseException] = None
+    seconds: float = 0.0
+
+
+class FaultRecorder:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.protected: list[str] = []
+
+    @contextlib.contextmanager
+    def expect(self, error: type, *, match: str, within_s: float) -> Iterator[Outcome]:
+        """Count one injected fault; require ``error`` matching ``match`` within ``within_s``."""
+        LEDGER.injected += 1
+        outcome = Outcome()
+        start = time.monotonic()
+        try:
+            yield outcome
+        except BaseException as exc:  # noqa: BLE001 - judged below
+            outcome.error, outcome.seconds = exc, time.monotonic() - start
+        else:
+            outcome.seconds = time.monotonic() - start
+        exc = outcome.error
+        if isinstance(exc, Hang) or outcome.seconds > within_s:
+            LEDGER.hangs += 1
+            LEDGER.cases.append((self.name, "hang", outcome.seconds))
+            raise AssertionError(f"{self.name}: no {error.__name__} within {within_s}s ({outcome.seconds:.1f}s; {exc!r})")
+        if exc is None:
+            LEDGER.cases.append((self.name, "no error", outcome.seconds))
+            raise AssertionError(f"{self.name}: expected {error.__name__} matching {match!r}, but nothing was raised")
+        if not isinstance(exc, error) or not re.search(match, str(exc), re.S):
+            LEDGER.cases.append((self.name, f"wrong error {type(exc).__name__}", outcome.seconds))
+            raise AssertionError(
+                f"{self.name}: expected {error.__name__} matching {match!r}, got {type(exc).__name__}: {exc}"
+            ) from exc
+        LEDGER.surfaced += 1
+        LEDGER.cases.append((self.name, "ok", outcome.seconds))
+
+    def protect(self, path: str) -> str:
+        """Verify ``path`` now and again when the test ends; a failed final check counts as lost."""
+        from verl.workers.remote_client.local.checkpoint import verify_checkpoint_dir
+
+        verify_checkpoint_dir(path)
+        self.protected.append(path)
+        return path
+
+    def verify_protected(self) -> list[str]:
+        from verl.workers.remote_client.local.checkpoint import CheckpointError, verify_checkpoint_dir
+
+        lost = []
+        for path in self.protected:
+            try:
+                verify_checkpoint_dir(path)
+            except CheckpointError as exc:
+                lost.append(f"{path}: {exc}")
+        LEDGER.checkpoints_lost += len(lost)
+        return lost
+
+
+@pytest.fixture
+def fault(request) -> Iterator[FaultRecorder]:
+    recorder = FaultRecorder(request.node.name)
+    yield recorder
+    lost = recorder.verify_protected()
+    assert not lost, "previously saved checkpoints were damaged:\n" + "\n".join(lost)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    if LEDGER.injected:
+        terminalreporter.write_sep("=", "fault-injection summary")
+        for name, verdict, seconds in LEDGER.cases:
+            terminalreporter.write_line(f"  {verdict:<24} {seconds:6.2f}s  {name}")
+        terminalreporter.write_line(LEDGER.line())

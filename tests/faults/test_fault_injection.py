@@ -1,0 +1,195 @@
+"""Fault injection, fast cases: the real forwarder worker and rollout server against the
+``fault-scripted`` contract double (no Ray, no engine), and interrupted checkpoint writes.
+
+Slow cases (the real engine actor killed, the Arctic stand-in stopped, a corrupt
+checkpoint on resume, a SIGKILLed checkpoint write, one full ``main_ppo`` run) are
+in ``test_fault_injection_slow.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+
+import pytest
+import torch
+
+from faults.backends import ScriptedBackend
+from faults.conftest import bounded
+from remote_e2e import compose
+from verl.remote_backend.reliability import BackendDiedError, BackendOutputError, BackendTimeoutError
+from verl.utils import tensordict_utils as tu
+
+NAME = "fault-scripted"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    from verl.remote_backend.tiny_model import build_tiny_model
+
+    return build_tiny_model(str(tmp_path_factory.mktemp("faults_model")))
+
+
+@pytest.fixture(autouse=True)
+def clean_script():
+    ScriptedBackend.SCRIPT.clear()
+    yield
+    ScriptedBackend.SCRIPT.clear()
+
+
+def config(model_dir: str, *overrides: str):
+    return compose(
+        [
+            f"trainer.remote_backend={NAME}",
+            f"actor_rollout_ref.model.path={model_dir}",
+            "actor_rollout_ref.rollout.n=1",
+            "data.max_response_length=16",
+            # quick liveness so a frozen backend is declared dead in ~2 s
+            "remote_backend.timeouts.health=0.5",
+            "remote_backend.liveness.interval_s=0.2",
+            *overrides,
+        ]
+    )
+
+
+@pytest.fixture
+def make_forwarder(model_dir, monkeypatch):
+    from verl.remote_backend.worker import RemoteBackendWorker
+
+    for key, value in {"WORLD_SIZE": "1", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29593"}.items():
+        monkeypatch.setenv(key, value)
+
+    def make(*overrides: str) -> RemoteBackendWorker:
+        cfg = config(model_dir, *overrides)
+        worker = RemoteBackendWorker(cfg.actor_rollout_ref, role="actor_rollout")
+        worker.init_model()
+        worker.attach_backend(cfg, {})
+        return worker
+
+    return make
+
+
+def make_server(model_dir, *overrides):
+    from verl.workers.rollout.remote_rollout.server import RemoteRolloutServer
+
+    return RemoteRolloutServer(config(model_dir, *overrides), {}, 0)
+
+
+def batch(lengths=(5, 7)):
+    values = torch.arange(sum(lengths)) % 50 + 3
+    offsets = torch.tensor([0, *itertools.accumulate(lengths)])
+    return tu.get_tensordict(
+        {
+            "input_ids": torch.nested.nested_tensor_from_jagged(values, offsets=offsets),
+            "position_ids": torch.nested.nested_tensor_from_jagged(
+                torch.cat([torch.arange(n) for n in lengths]), offsets=offsets
+            ),
+        },
+        {"epochs": 1, "temperature": 1.0, "calculate_entropy": True},
+    )
+
+
+def run(coro, cap_s=30):
+    return asyncio.run(bounded(coro, cap_s))
+
+
+def save(forwarder, root, step) -> str:
+    path = run(forwarder.save_checkpoint(str(root / f"global_step_{step}" / "actor"), None, step))
+    return path
+
+
+# ---------------------------------------------------------------- hangs
+def test_update_hanging_past_its_timeout(fault, make_forwarder, tmp_path):
+    forwarder = make_forwarder("remote_backend.timeouts.update_actor=1")
+    fault.protect(save(forwarder, tmp_path, 1))
+    ScriptedBackend.SCRIPT["update_actor"] = "hang"
+    with fault.expect(
+        BackendTimeoutError,
+        match=r"'fault-scripted': update_actor did not finish within 1s.*raise remote_backend\.timeouts\.update_actor",
+        within_s=5,
+    ):
+        run(forwarder.update_actor(batch()))
+
+
+def test_generate_hanging_past_its_timeout(fault, model_dir):
+    server = make_server(model_dir, "remote_backend.timeouts.generate=1")
+    ScriptedBackend.SCRIPT["generate"] = "hang"
+    with fault.expect(BackendTimeoutError, match=r"generate did not finish within 1s.*timeouts\.generate", within_s=5):
+        run(server.generate("r1", prompt_ids=[5, 6, 7], sampling_params={"max_tokens": 4}))
+
+
+def test_frozen_backend_is_declared_dead_by_the_watchdog(fault, make_forwarder, tmp_path):
+    """The call's own limit is long; the backend stops answering health probes: dead in seconds."""
+    forwarder = make_forwarder("remote_backend.timeouts.compute_log_prob=600")
+    fault.protect(save(forwarder, tmp_path, 1))
+    ScriptedBackend.SCRIPT.update(compute_log_prob="hang", health="hang")
+    with fault.expect(
+        BackendDiedError,
+        match=r"'fault-scripted' died during .*2 consecutive health probes failed.*no answer to health\(\) within 0\.5s"
+        r".*Its logs: /nonexistent/scripted-backend\.log",
+        within_s=6,
+    ):
+        run(forwarder.compute_log_prob(batch()))
+    # once dead, every further call fails at once instead of waiting
+    with fault.expect(BackendDiedError, match="found dead earlier", within_s=1):
+        run(forwarder.update_weights())
+
+
+# ---------------------------------------------------------------- malformed outputs
+@pytest.mark.parametrize(
+    "kind, match",
+    [
+        ("wrong_shape", r"model_output\['log_probs'\]: expected shape \[12\] \(one value per packed token; rows \[5, 7\]\), got \[11\]"),
+        ("nan", r"model_output\['log_probs'\]: expected finite values, got 1 NaN/Inf \(first at packed index 3: row 0, token 3"),
+        ("missing_key", r"model_output\['log_probs'\] is missing; expected a float tensor of shape \[12\] \(keys present: \['entropy'\]\)"),
+    ],
+)
+def test_malformed_log_probs_are_named(fault, make_forwarder, kind, match):
+    forwarder = make_forwarder()
+    ScriptedBackend.SCRIPT["compute_log_prob"] = kind
+    with fault.expect(BackendOutputError, match=match, within_s=5):
+        run(forwarder.compute_log_prob(batch()))
+
+
+def test_out_of_vocabulary_token_is_named(fault, model_dir):
+    server = make_server(model_dir)
+    ScriptedBackend.SCRIPT["generate"] = "oov"
+    vocab = server._vocab_size
+    assert vocab is not None
+    ScriptedBackend.VOCAB = vocab
+    with fault.expect(
+        BackendOutputError, match=rf"token_ids\[2\]={vocab + 7} is outside the model's vocabulary: expected an id in \[0, {vocab}\)", within_s=5
+    ):
+        run(server.generate("r1", prompt_ids=[5, 6, 7], sampling_params={"max_tokens": 4}))
+
+
+# ---------------------------------------------------------------- interrupted checkpoint writes
+def _writers(interrupt_at: int | None):
+    def make(i):
+        def write(f):
+            if i == interrupt_at:
+                raise KeyboardInterrupt("simulated interrupt during the write of part_%d" % i)
+            with open(f, "wb") as fh:
+                fh.write(bytes([i]) * 1024)
+
+        return write
+
+    return {f"part_{i}.bin": make(i) for i in range(3)}
+
+
+@pytest.mark.parametrize("same_step", [False, True], ids=["new-step", "overwrite-same-step"])
+def test_interrupted_checkpoint_write_leaves_the_previous_one(fault, tmp_path, same_step):
+    from verl.workers.remote_client.local.checkpoint import CheckpointError, verify_checkpoint_dir, write_checkpoint_dir
+
+    first = fault.protect(write_checkpoint_dir(str(tmp_path / "global_step_1" / "actor"), 1, _writers(None)))
+    target = first if same_step else str(tmp_path / "global_step_2" / "actor")
+    with fault.expect(KeyboardInterrupt, match="simulated interrupt during the write of part_1", within_s=5):
+        write_checkpoint_dir(target, 1 if same_step else 2, _writers(1))
+    parent = os.path.dirname(target)
+    assert not [n for n in os.listdir(parent) if ".tmp-" in n], "the temporary folder was not removed"
+    if not same_step:
+        assert not os.path.exists(target)
+        with pytest.raises(CheckpointError, match="does not exist"):
+            verify_checkpoint_dir(target)
+    assert verify_checkpoint_dir(first)["step"] == 1
