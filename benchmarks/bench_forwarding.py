@@ -146,6 +146,9 @@ def main(argv: list[str] | None = None) -> None:
 
     from benchmarks.null_backend import worker_env
 
+    import torch
+
+    torch.set_num_threads(1)  # like the trainer's driver (a Ray actor with one CPU); see README
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": worker_env()})
     try:
         print(format_table(run(QUICK_SIZES if args.quick else SIZES, repeats=args.repeats)))

@@ -11,6 +11,17 @@ talks to a backend only through the nine abstract methods below, plus two
 * a ``"device"`` entry in the results of ``compute_log_prob`` / ``update_actor``
   (see :class:`BackendDevice`) so the forwarder computes MFU against the
   backend's accelerators, not against the forwarder's own CPU.
+* a ``"timing": {"compute_s": float}`` entry in the same results: the seconds
+  the backend spent computing the op (excluding its own transport). The
+  forwarder subtracts it from the call's wall time and logs what remains as
+  the plugin's overhead (``perf/remote/*`` metrics, see ``trainer.py``).
+* ``accepts_batch_refs = True`` (class attribute, see :func:`accepts_batch_refs`):
+  ``compute_log_prob`` / ``update_actor`` may then receive ``data`` as a
+  :class:`~verl.remote_backend.batch_ref.BatchRef` - the batch left in Ray's
+  object store - instead of a ``TensorDict``. A backend whose engine is a Ray
+  actor passes ``data.ref`` as a top-level argument of its actor call and Ray
+  resolves it to the ``TensorDict`` in the engine's process, so the batch is
+  never deserialised and re-serialised by the forwarder.
 
 Token layout shared by ``compute_log_prob`` and ``update_actor``
 -----------------------------------------------------------------
@@ -42,7 +53,7 @@ if TYPE_CHECKING:  # keep `import verl.remote_backend` light
     from omegaconf import DictConfig
     from tensordict import TensorDict
 
-__all__ = ["RemoteBackend", "BackendDevice", "supports_resume"]
+__all__ = ["RemoteBackend", "BackendDevice", "supports_resume", "accepts_batch_refs", "backend_compute_seconds"]
 
 
 @dataclass(frozen=True)
@@ -160,7 +171,10 @@ class RemoteBackend(abc.ABC):
         Returns:
             ``{"model_output": {"log_probs": Tensor[T], "entropy": Tensor[T]
             (only when asked)}, "metrics": {name: float}, "device"?:
-            BackendDevice dict}``; per-token values packed as described above.
+            BackendDevice dict, "timing"?: {"compute_s": float}}``; per-token
+            values packed as described above. ``data`` is a ``BatchRef``
+            instead of a ``TensorDict`` only for backends with
+            ``accepts_batch_refs = True``.
         """
 
     @abc.abstractmethod
@@ -187,7 +201,8 @@ class RemoteBackend(abc.ABC):
             without the ``actor/`` prefix (``pg_loss``, ``pg_clipfrac``,
             ``ppo_kl``, ``grad_norm``, ``lr``, ``entropy``, ...),
             "global_token_num": list[int] (tokens per sample, for MFU),
-            "device"?: BackendDevice dict}``.
+            "device"?: BackendDevice dict, "timing"?: {"compute_s": float}}``.
+            ``data`` may be a ``BatchRef`` as for ``compute_log_prob``.
         """
 
     @abc.abstractmethod
@@ -233,3 +248,31 @@ def supports_resume(backend: RemoteBackend | type[RemoteBackend]) -> bool:
     """True when ``backend`` implements the optional ``async load_checkpoint(path, step)``."""
     fn = getattr(backend, _CAPABILITY_LOAD, None)
     return fn is not None and inspect.iscoroutinefunction(fn)
+
+
+_CAPABILITY_BATCH_REFS = "accepts_batch_refs"
+
+
+def accepts_batch_refs(backend: RemoteBackend | type[RemoteBackend]) -> bool:
+    """True when ``backend`` sets ``accepts_batch_refs = True``: its data-path ops take a
+    :class:`~verl.remote_backend.batch_ref.BatchRef` as ``data`` (see the module docstring)."""
+    return getattr(backend, _CAPABILITY_BATCH_REFS, False) is True
+
+
+def backend_compute_seconds(result: Any) -> Optional[float]:
+    """The optional ``result["timing"]["compute_s"]`` of an op result, or ``None`` when absent.
+
+    Raises:
+        ValueError: ``timing`` is present but is not ``{"compute_s": finite float >= 0}``.
+    """
+    if not isinstance(result, dict) or result.get("timing") is None:
+        return None
+    timing = result["timing"]
+    value = timing.get("compute_s") if isinstance(timing, dict) else None
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if not (seconds >= 0 and seconds != float("inf")):
+        raise ValueError(f"backend result 'timing' must be {{'compute_s': seconds >= 0}}, got {timing!r}")
+    return seconds

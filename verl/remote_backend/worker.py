@@ -37,9 +37,16 @@ from typing import Any, Awaitable, Callable, Optional, TypeVar
 from omegaconf import DictConfig
 from tensordict import TensorDict
 
-from verl.remote_backend.base import BackendDevice, RemoteBackend, supports_resume
+from verl.remote_backend.base import (
+    BackendDevice,
+    RemoteBackend,
+    accepts_batch_refs,
+    supports_resume,
+)
+from verl.remote_backend.batch_ref import BatchRef
 from verl.remote_backend.checkpoints import protected_checkpoint, resume_failure
 from verl.remote_backend.cpu_compat import install_flash_attn_fallback
+from verl.remote_backend.dispatch import make_forwarder_dispatch_fn
 from verl.remote_backend.guard import BackendGuard
 from verl.remote_backend.output_checks import check_log_prob_output, check_update_output
 from verl.remote_backend.registry import RemoteBackendRegistry
@@ -51,9 +58,10 @@ from verl.remote_backend.worker_utils import (
     packed_to_nested,
     parse_global_step,
     sequence_lengths,
+    StepTiming,
 )
 from verl.single_controller.base import Worker
-from verl.single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
+from verl.single_controller.base.decorator import Dispatch, register
 from verl.utils import tensordict_utils as tu
 
 __all__ = ["RemoteBackendWorker"]
@@ -90,6 +98,7 @@ class RemoteBackendWorker(Worker):
         self._device: Optional[BackendDevice] = None
         self._warned_no_device = False
         self._saved_checkpoints: list[str] = []
+        self._step_timing = StepTiming()
 
     # ------------------------------------------------------------ set-up
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -150,31 +159,34 @@ class RemoteBackendWorker(Worker):
         """No-op: nothing lives on this worker to offload; the backend manages its memory."""
 
     # ------------------------------------------------------------ data path
-    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
-    async def compute_log_prob(self, data: TensorDict) -> TensorDict:
+    # Data-path methods are dispatched by reference (dispatch.py): ``data`` arrives as a
+    # BatchRef when called through the worker group, as a TensorDict when called directly.
+    @register(dispatch_mode=make_forwarder_dispatch_fn("actor"))
+    async def compute_log_prob(self, data: TensorDict | BatchRef) -> TensorDict:
         """Actor log-probs (and entropy when ``calculate_entropy``) for the batch.
 
         verl sends ``no_lora_adapter=True`` when the reference policy is the
         actor without its adapter; that request goes to the backend as ``ref=True``.
         """
-        ref = bool(tu.pop(data, key="no_lora_adapter", default=False))
+        ref = bool(_pop_field(data, "no_lora_adapter", False))
         return await self._forward(data, ref=ref)
 
-    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="ref"))
-    async def compute_ref_log_prob(self, data: TensorDict) -> TensorDict:
+    @register(dispatch_mode=make_forwarder_dispatch_fn("ref"))
+    async def compute_ref_log_prob(self, data: TensorDict | BatchRef) -> TensorDict:
         """Reference-model log-probs for the batch."""
         return await self._forward(data, ref=True)
 
-    async def _forward(self, data: TensorDict, *, ref: bool) -> TensorDict:
+    async def _forward(self, data: TensorDict | BatchRef, *, ref: bool) -> TensorDict:
         backend = self._require_backend()
-        calculate_entropy = bool(tu.get(data, key="calculate_entropy", default=False))
-        input_ids = data["input_ids"]
+        calculate_entropy = bool(_field(data, "calculate_entropy", False))
+        input_ids = _layout(data)
         op = "compute_ref_log_prob" if ref else "compute_log_prob"
+        payload = await _payload_for(backend, data)
         start = _clock()
         result = await self._call(
             op,
             lambda: backend.compute_log_prob(
-                data,
+                payload,
                 ref=ref,
                 calculate_entropy=calculate_entropy,
                 rollout_n=int(self.config.rollout.n),
@@ -183,6 +195,7 @@ class RemoteBackendWorker(Worker):
             ),
         )
         seconds = _clock() - start
+        self._step_timing.record(seconds, result)
         model_output = _required(result, "model_output", op)
         check_log_prob_output(model_output, input_ids, calculate_entropy=calculate_entropy, op=op)
         outputs = {
@@ -198,22 +211,25 @@ class RemoteBackendWorker(Worker):
         metrics = {"mfu": self._mfu(result, seqlens, seconds, forward_only=True)}
         return tu.get_tensordict(tensor_dict=outputs, non_tensor_dict={"metrics": metrics})
 
-    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor_update"))
-    async def update_actor(self, data: TensorDict) -> TensorDict:
+    @register(dispatch_mode=make_forwarder_dispatch_fn("actor_update"))
+    async def update_actor(self, data: TensorDict | BatchRef) -> TensorDict:
         """One policy update on this rank's share of the batch; returns ``{"metrics": ...}``.
 
         Metrics are verl ``Metric`` objects keyed without the ``actor/`` prefix,
         plus ``loss`` and ``mfu`` (the trainer renames ``actor/mfu`` to
-        ``perf/mfu/actor``). MFU counts every token once per PPO epoch.
+        ``perf/mfu/actor``). MFU counts every token once per PPO epoch. The
+        ``remote/*`` timing metrics of the step's forwarded calls ride along
+        (:class:`~verl.remote_backend.worker_utils.StepTiming`).
         """
         backend = self._require_backend()
-        epochs = int(tu.get(data, key="epochs", default=1) or 1)
-        seqlens_default = sequence_lengths(data["input_ids"]).tolist()
+        epochs = int(_field(data, "epochs", 1) or 1)
+        seqlens_default = sequence_lengths(_layout(data)).tolist()
+        payload = await _payload_for(backend, data)
         start = _clock()
         result = await self._call(
             "update_actor",
             lambda: backend.update_actor(
-                data,
+                payload,
                 actor_config=self.config.actor,
                 pad_token_id=self._pad_token_id,
                 rollout_n=int(self.config.rollout.n),
@@ -221,12 +237,14 @@ class RemoteBackendWorker(Worker):
             ),
         )
         seconds = _clock() - start
+        self._step_timing.record(seconds, result)
         check_update_output(result, batch_size=len(seqlens_default))
         metrics = normalise_metrics(_required(result, "metrics", "update_actor"))
         if result.get("loss") is not None:
             metrics.update(normalise_metrics({"loss": result["loss"]}))
         seqlens = [int(n) for n in (result.get("global_token_num") or seqlens_default)]
         metrics["mfu"] = self._mfu(result, seqlens * epochs, seconds, forward_only=False)
+        metrics.update(normalise_metrics(self._step_timing.pop_metrics()))
         return tu.get_tensordict(tensor_dict={}, non_tensor_dict={"metrics": metrics})
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
@@ -308,8 +326,8 @@ class RemoteBackendWorker(Worker):
             raise RuntimeError("RemoteBackendWorker has no backend attached (see attach_backend)")
         return await self._guard.call(op, factory)
 
-    def _temperature(self, data: TensorDict) -> float:
-        value = tu.get(data, key="temperature", default=None)
+    def _temperature(self, data: TensorDict | BatchRef) -> float:
+        value = _field(data, "temperature", None)
         return float(self.config.rollout.temperature if value is None else value)
 
     def _mfu(self, result: dict[str, Any], seqlens: list[int], seconds: float, *, forward_only: bool) -> float:
@@ -328,3 +346,25 @@ def _required(mapping: Any, key: str, op: str) -> Any:
         have = sorted(mapping) if isinstance(mapping, dict) else type(mapping).__name__
         raise BackendOutputError(f"{op}: the result is missing {key!r}; expected a mapping with it, got {have}")
     return mapping[key]
+
+
+# ------------------------------------------------------------ batch access (TensorDict or BatchRef)
+def _field(data: TensorDict | BatchRef, key: str, default: Any) -> Any:
+    """A scalar non-tensor field of the batch (``calculate_entropy``, ``epochs``, ``temperature``, ...)."""
+    return data.get(key, default) if isinstance(data, BatchRef) else tu.get(data, key=key, default=default)
+
+
+def _pop_field(data: TensorDict | BatchRef, key: str, default: Any) -> Any:
+    return data.pop(key, default) if isinstance(data, BatchRef) else tu.pop(data, key=key, default=default)
+
+
+def _layout(data: TensorDict | BatchRef) -> Any:
+    """The batch's nested ``input_ids``, or a data-free nested tensor with its offsets."""
+    return data.layout() if isinstance(data, BatchRef) else data["input_ids"]
+
+
+async def _payload_for(backend: RemoteBackend, data: TensorDict | BatchRef) -> TensorDict | BatchRef:
+    """What the backend receives: the ``BatchRef`` itself if it accepts references, else the batch."""
+    if isinstance(data, BatchRef) and not accepts_batch_refs(backend):
+        return await data.fetch()
+    return data

@@ -10,6 +10,7 @@ directly:
 * :func:`resolve_peak_flops` / :func:`compute_mfu` - MFU against the backend's
   accelerators, with the model FLOPs from verl's ``FlopsCounter``.
 * :func:`parse_global_step`, :func:`checkpoints_to_prune` - checkpoint paths.
+* :class:`StepTiming` - wall vs backend-reported compute seconds of a step's calls.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from verl.remote_backend.base import BackendDevice
+from verl.remote_backend.base import BackendDevice, backend_compute_seconds
 
 __all__ = [
     "sequence_lengths",
@@ -34,6 +35,7 @@ __all__ = [
     "compute_mfu",
     "parse_global_step",
     "checkpoints_to_prune",
+    "StepTiming",
 ]
 
 # verl's trainer prefixes actor metrics itself; backends should not, but some will.
@@ -79,7 +81,11 @@ def packed_to_nested(values: torch.Tensor, like: torch.Tensor, *, key: str = "ou
         )
     if not values.is_floating_point():
         raise TypeError(f"{key}: expected a floating-point tensor, got dtype {values.dtype}")
-    return torch.nested.nested_tensor_from_jagged(values.detach().to(torch.float32).contiguous().cpu(), offsets=offsets)
+    # Own copy of the offsets: ``like``'s are often a view into the whole received batch's
+    # storage, which pickling the output would otherwise ship back to the driver.
+    return torch.nested.nested_tensor_from_jagged(
+        values.detach().to(torch.float32).contiguous().cpu(), offsets=offsets.to(torch.int64).clone()
+    )
 
 
 def _describe(obj: Any) -> str:
@@ -215,3 +221,46 @@ def checkpoints_to_prune(saved: Sequence[str], max_keep: Optional[int], *, prote
         return []
     keep = None if protect is None else os.path.normpath(os.path.abspath(protect))
     return [p for p in saved[: len(saved) - max_keep] if keep is None or os.path.normpath(os.path.abspath(p)) != keep]
+
+
+# ---------------------------------------------------------------- timing
+class StepTiming:
+    """Seconds of one training step's backend calls, as the forwarder saw them.
+
+    The forwarder records every data-path call (``compute_log_prob``,
+    ``compute_ref_log_prob``, ``update_actor``) with its wall time and the
+    result's optional ``timing.compute_s`` (see ``base.py``), and hands the
+    totals to the trainer with the step's ``update_actor`` metrics
+    (:meth:`pop_metrics`, which also starts the next step).
+    """
+
+    #: metric names, without verl's ``actor/`` prefix
+    CALL_S = "remote/call_s"
+    COMPUTE_S = "remote/compute_s"
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.call_s = 0.0
+        self.compute_s = 0.0
+        self.compute_known = True
+
+    def record(self, seconds: float, result: Any) -> None:
+        """Add one call: its wall ``seconds`` and the backend's reported compute (if any)."""
+        self.calls += 1
+        self.call_s += float(seconds)
+        compute = backend_compute_seconds(result)
+        if compute is None:
+            self.compute_known = False
+        else:
+            self.compute_s += compute
+
+    def pop_metrics(self) -> dict[str, float]:
+        """``{"remote/call_s", "remote/compute_s"}`` of the calls since the last pop (compute only
+        when every call reported it), then reset."""
+        out: dict[str, float] = {}
+        if self.calls:
+            out[self.CALL_S] = self.call_s
+            if self.compute_known:
+                out[self.COMPUTE_S] = self.compute_s
+        self.__init__()
+        return out

@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Optional
 
 from verl.remote_backend.base import RemoteBackend
+from verl.remote_backend.batch_ref import BatchRef
 from verl.remote_backend.registry import RemoteBackendRegistry
 
 from .local.config import EngineSettings
@@ -44,11 +45,18 @@ _FORWARD_KEYS = ("input_ids", "position_ids")
 class LocalBackend(RemoteBackend):
     """Client of one local engine actor. Build with :meth:`from_config`, never directly."""
 
+    #: Optional capability (base.py): the forwarder may hand over a BatchRef, whose object
+    #: reference goes to the engine actor as is - the batch is deserialised only there.
+    accepts_batch_refs = True
+
     def __init__(self, actor: Any, *, owner: bool, info: dict[str, Any]) -> None:
         self._actor = actor
         self._owner = owner
         self._info = dict(info)
         self._destroyed = False
+        # (actor block, its ActorConfig): building the dataclass through hydra takes ~0.1 s, and
+        # the forwarder passes the same (never mutated) actor block on every update.
+        self._actor_config_cache: Optional[tuple[Any, Any]] = None
 
     # ------------------------------------------------------------ lifecycle
     @classmethod
@@ -130,10 +138,15 @@ class LocalBackend(RemoteBackend):
         temperature: float,
         pad_token_id: int,
     ) -> dict[str, Any]:
-        keys = [k for k in _FORWARD_KEYS if k in data.keys()]
+        if isinstance(data, BatchRef):
+            payload = data.ref  # a top-level argument: Ray resolves it in the engine's process
+        else:
+            # consolidate: the selected fields may be views into a larger received batch whose
+            # whole storage would otherwise be pickled along with them
+            payload = data.select(*[k for k in _FORWARD_KEYS if k in data.keys()]).consolidate()
         return await _unwrap(
             self._live().compute_log_prob.remote(
-                data.select(*keys), ref=ref, calculate_entropy=calculate_entropy, temperature=temperature
+                payload, ref=ref, calculate_entropy=calculate_entropy, temperature=temperature
             )
         )
 
@@ -146,10 +159,9 @@ class LocalBackend(RemoteBackend):
         rollout_n: int,
         temperature: float,
     ) -> dict[str, Any]:
-        from .local.objective import to_actor_config
-
-        cfg = to_actor_config(actor_config)  # config errors surface here, before data travels
-        return await _unwrap(self._live().update_actor.remote(data, actor_config=cfg, temperature=temperature))
+        cfg = self._actor_config(actor_config)  # config errors surface here, before data travels
+        payload = data.ref if isinstance(data, BatchRef) else data
+        return await _unwrap(self._live().update_actor.remote(payload, actor_config=cfg, temperature=temperature))
 
     async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any]) -> dict[str, Any]:
         return await _unwrap(self._live().generate.remote(list(prompt_ids), dict(sampling_params or {})))
@@ -179,6 +191,15 @@ class LocalBackend(RemoteBackend):
         pid = self._info.get("pid", "?")
         log_dir = self._info.get("ray_log_dir") or "<ray session dir>/logs"
         return f"the engine actor's Ray worker logs (pid {pid}): {log_dir}/worker-*-{pid}.out and .err"
+
+    def _actor_config(self, actor_config: Any) -> Any:
+        """verl's ``ActorConfig`` for ``actor_config``, converted once per distinct block object."""
+        from .local.objective import to_actor_config
+
+        cached = self._actor_config_cache
+        if cached is None or cached[0] is not actor_config:
+            cached = self._actor_config_cache = (actor_config, to_actor_config(actor_config))
+        return cached[1]
 
     def _live(self) -> Any:
         if self._destroyed or self._actor is None:

@@ -37,6 +37,8 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 
 import torch
 
+from verl.remote_backend.layout import contiguous_rows, offsets_from_lengths, packed_to_padded, padded_to_packed
+
 __all__ = [
     "PayloadError",
     "row_lengths",
@@ -100,8 +102,10 @@ def njt_to_dense(
             f"{name}: expected 1-D packed values (one id per token), got shape {tuple(values.shape)}; "
             "multi-dimensional position ids (mrope) are not supported by the Arctic adapter"
         )
+    if attention_mask.dim() != 2:
+        raise PayloadError(f"attention_mask must be 2-D [B, S], got shape {tuple(attention_mask.shape)}")
     mask = attention_mask.to(torch.bool)
-    lengths = row_lengths(mask)
+    starts, lengths, contiguous = contiguous_rows(mask)
     if getattr(tensor, "is_nested", False):
         njt_lengths = tensor.offsets().diff().to(torch.int64)
         if njt_lengths.shape != lengths.shape or not torch.equal(njt_lengths, lengths):
@@ -111,6 +115,10 @@ def njt_to_dense(
     total = int(lengths.sum())
     if values.shape[0] != total:
         raise PayloadError(f"{name}: {values.shape[0]} packed tokens, but attention_mask marks {total}")
+    if contiguous:  # verl's layout: each row's real tokens are one run (row-wise copy, no nonzero())
+        return packed_to_padded(
+            values, offsets_from_lengths(lengths), mask.shape[1], starts=starts, pad_value=pad_value, outside=~mask
+        )
     dense = values.new_full(mask.shape, pad_value)
     dense[mask] = values
     return dense
@@ -134,12 +142,17 @@ def dense_to_packed(dense: torch.Tensor, attention_mask: torch.Tensor, *, name: 
     if not torch.is_tensor(dense) or tuple(dense.shape) != tuple(mask.shape):
         actual = tuple(dense.shape) if torch.is_tensor(dense) else type(dense).__name__
         raise PayloadError(f"{name}: expected shape {tuple(mask.shape)} (= attention_mask), got {actual}")
-    packed = dense.to(torch.float32)[mask]
-    lengths = row_lengths(mask)
+    starts, lengths, contiguous = contiguous_rows(mask)
+    if contiguous:  # one flat gather of the real tokens, converted after selection (T values, not B*S)
+        packed = padded_to_packed(dense, offsets_from_lengths(lengths), starts=starts).to(torch.float32)
+    else:
+        packed = dense.to(torch.float32)[mask]
     ends = lengths.cumsum(0) - 1
     ends = ends[lengths > 0]
     packed[ends] = 0.0
-    if not torch.isfinite(packed).all():
+    # a finite sum proves every value finite (any NaN/Inf would propagate); only a
+    # non-finite sum (or an overflow of huge finite values) needs the element-wise check
+    if not torch.isfinite(packed.sum()) and not torch.isfinite(packed).all():
         bad = int((~torch.isfinite(packed)).sum())
         raise PayloadError(f"{name}: {bad} non-finite value(s) at real-token positions")
     return packed

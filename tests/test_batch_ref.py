@@ -1,0 +1,215 @@
+"""Forwarding by reference: ``BatchRef``, the forwarder's dispatch/collect, per-step timing.
+
+No Ray here: a ``BatchRef``'s reference only has to be awaitable, so an asyncio
+future stands in for a Ray ``ObjectRef``; ``ray.put`` is replaced by identity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from remote_e2e import build_model, compose
+from verl.remote_backend import RemoteBackend, RemoteBackendRegistry
+from verl.remote_backend.base import accepts_batch_refs, backend_compute_seconds
+from verl.remote_backend.batch_ref import BatchRef, non_tensor_fields
+from verl.remote_backend.dispatch import collect_outputs, dispatch_by_reference
+from verl.remote_backend.worker_utils import StepTiming, packed_to_nested
+from verl.utils import tensordict_utils as tu
+
+COMPUTE_S = 0.125
+
+
+def _batch(lengths=(5, 7), **non_tensor):
+    offsets = torch.tensor([0, *itertools.accumulate(lengths)])
+    values = torch.arange(sum(lengths)) % 50 + 3
+    fields = {"epochs": 1, "temperature": 0.9, "calculate_entropy": True, "indices": torch.arange(sum(lengths))}
+    fields.update(non_tensor)
+    return tu.get_tensordict(
+        {
+            "input_ids": torch.nested.nested_tensor_from_jagged(values, offsets=offsets),
+            "position_ids": torch.nested.nested_tensor_from_jagged(
+                torch.cat([torch.arange(n) for n in lengths]), offsets=offsets
+            ),
+        },
+        fields,
+    )
+
+
+def _ref_to(value):
+    """An awaitable standing in for a Ray ObjectRef (resolves on every await)."""
+
+    class _Ref:
+        def __await__(self):
+            async def get():
+                return value
+
+            return get().__await__()
+
+    return _Ref()
+
+
+# ---------------------------------------------------------------- BatchRef
+def test_describe_keeps_offsets_and_scalar_fields_only():
+    data = _batch(no_lora_adapter=True)
+    batch_ref = BatchRef.describe(data, ref="R")
+    assert len(batch_ref) == 2 and batch_ref.num_tokens == 12
+    assert batch_ref.offsets.tolist() == [0, 5, 12]
+    # a private copy: a view would pickle the whole batch storage with it
+    assert batch_ref.offsets.untyped_storage().data_ptr() != data["input_ids"].offsets().untyped_storage().data_ptr()
+    assert batch_ref.non_tensor == {"epochs": 1, "temperature": 0.9, "calculate_entropy": True, "no_lora_adapter": True}
+    assert "indices" not in batch_ref.non_tensor and "indices" not in non_tensor_fields(data)  # tensor-valued: skipped
+    layout = batch_ref.layout()
+    assert layout.is_nested and layout.offsets().tolist() == [0, 5, 12] and layout.values().shape == (12,)
+    assert batch_ref.pop("no_lora_adapter") is True and batch_ref.get("no_lora_adapter", "gone") == "gone"
+
+
+def test_fetch_returns_the_batch_without_fields_the_forwarder_popped():
+    data = _batch(no_lora_adapter=True)
+    batch_ref = BatchRef.describe(data, ref=_ref_to(data))
+    batch_ref.pop("no_lora_adapter")
+    fetched = asyncio.run(batch_ref.fetch())
+    assert "no_lora_adapter" not in fetched.keys() and tu.get(fetched, "epochs") == 1
+    assert torch.equal(fetched["input_ids"].values(), data["input_ids"].values())
+
+
+def test_packed_outputs_do_not_share_the_input_storage():
+    data = _batch().consolidate()  # what verl's dispatch delivers: one storage for every field
+    out = packed_to_nested(torch.zeros(12), data["input_ids"], key="log_probs")
+    assert out.offsets().untyped_storage().data_ptr() != data["input_ids"].offsets().untyped_storage().data_ptr()
+
+
+# ---------------------------------------------------------------- timing
+def test_backend_compute_seconds_is_optional_and_validated():
+    assert backend_compute_seconds({"metrics": {}}) is None
+    assert backend_compute_seconds({"timing": {"compute_s": 1.5}}) == 1.5
+    for bad in ({"compute_s": -1}, {"compute_s": "x"}, {"compute_s": math.inf}, {}, 3):
+        with pytest.raises(ValueError, match="timing"):
+            backend_compute_seconds({"timing": bad})
+
+
+def test_step_timing_sums_a_step_and_drops_compute_when_one_call_lacks_it():
+    timing = StepTiming()
+    timing.record(0.5, {"timing": {"compute_s": 0.25}})
+    timing.record(1.0, {"timing": {"compute_s": 0.5}})
+    assert timing.pop_metrics() == {"remote/call_s": 1.5, "remote/compute_s": 0.75}
+    assert timing.pop_metrics() == {}  # reset
+    timing.record(0.5, {"timing": {"compute_s": 0.25}})
+    timing.record(0.5, {})
+    assert timing.pop_metrics() == {"remote/call_s": 1.0}
+
+
+# ---------------------------------------------------------------- dispatch / collect
+class _Group:
+    world_size = 1
+
+    def __init__(self):
+        self._dispatch_info, self._collect_info = {}, {}
+
+    def _query_dispatch_info(self, mesh):
+        return [0]
+
+    def _query_collect_info(self, mesh):
+        return [True]
+
+
+def test_single_rank_dispatch_sends_one_reference_without_chunking(monkeypatch):
+    import ray
+
+    put = []
+    monkeypatch.setattr(ray, "put", lambda obj: put.append(obj) or f"ref{len(put)}")
+    data = _batch()
+    args, kwargs = dispatch_by_reference("actor", _Group(), data)
+    assert put == [data]  # the caller's TensorDict itself: no chunk copy, no consolidate
+    (batch_ref,) = args[0]
+    assert isinstance(batch_ref, BatchRef) and batch_ref.ref == "ref1" and kwargs == {}
+    out = _batch()
+    assert collect_outputs("actor", _Group(), [out]) is out
+
+
+# ---------------------------------------------------------------- the forwarder with a BatchRef
+class _RecordingBackend(RemoteBackend):
+    """Answers at once, reports COMPUTE_S of compute, records what ``data`` it got."""
+
+    seen: list = []
+    accepts_batch_refs = False
+
+    @classmethod
+    def from_config(cls, main_config, *, handle=None):
+        return cls()
+
+    def reconnect_handle(self):
+        return {}
+
+    def destroy(self):
+        return None
+
+    def requires_single_forwarder(self):
+        return True
+
+    async def compute_log_prob(self, data, *, ref, calculate_entropy, rollout_n, temperature, pad_token_id):
+        self.seen.append(data)
+        total = data.num_tokens if isinstance(data, BatchRef) else data["input_ids"].values().shape[0]
+        out = {"log_probs": torch.full((total,), -1.0), "entropy": torch.zeros(total)}
+        return {"model_output": out, "metrics": {}, "timing": {"compute_s": COMPUTE_S}}
+
+    async def update_actor(self, data, *, actor_config, pad_token_id, rollout_n, temperature):
+        self.seen.append(data)
+        return {"loss": 0.5, "metrics": {"pg_loss": 0.1}, "timing": {"compute_s": COMPUTE_S}}
+
+    async def generate(self, prompt_ids, sampling_params):
+        raise NotImplementedError
+
+    async def update_weights(self):
+        return None
+
+    async def save_checkpoint(self, path=None, step=None):
+        return path
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    return build_model(tmp_path_factory.mktemp("batch_ref_model"))
+
+
+@pytest.fixture
+def forwarder(model_dir, monkeypatch):
+    import verl.remote_backend.worker as worker_module
+
+    for key, value in {"WORLD_SIZE": "1", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29593"}.items():
+        monkeypatch.setenv(key, value)
+    RemoteBackendRegistry.register("test-recording")(_RecordingBackend)
+    cfg = compose(["trainer.remote_backend=test-recording", f"actor_rollout_ref.model.path={model_dir}"])
+    worker = worker_module.RemoteBackendWorker(cfg.actor_rollout_ref, role="actor_rollout")
+    worker.init_model()
+    worker.attach_backend(cfg, {})
+    _RecordingBackend.seen.clear()
+    yield worker
+    RemoteBackendRegistry.unregister("test-recording")
+
+
+def test_a_backend_without_the_capability_gets_the_fetched_tensordict(forwarder):
+    data = _batch(no_lora_adapter=True)
+    out = asyncio.run(forwarder.compute_log_prob(BatchRef.describe(data, _ref_to(data))))
+    (seen,) = _RecordingBackend.seen
+    assert not accepts_batch_refs(_RecordingBackend)
+    assert not isinstance(seen, BatchRef) and "no_lora_adapter" not in seen.keys()
+    assert out["log_probs"].offsets().tolist() == [0, 5, 12] and set(out["entropy"].values().tolist()) == {0.0}
+
+
+def test_a_capable_backend_gets_the_reference_and_step_timing_reaches_update_metrics(forwarder, monkeypatch):
+    monkeypatch.setattr(_RecordingBackend, "accepts_batch_refs", True)
+    batch_ref = BatchRef.describe(_batch(), ref="never fetched")
+    asyncio.run(forwarder.compute_log_prob(batch_ref))
+    metrics = tu.get(asyncio.run(forwarder.update_actor(BatchRef.describe(_batch(), ref="never fetched"))), "metrics")
+    assert all(isinstance(seen, BatchRef) for seen in _RecordingBackend.seen)
+    from verl.utils.metric import reduce_metrics
+
+    reduced = reduce_metrics(dict(metrics))
+    assert reduced["remote/compute_s"] == pytest.approx(2 * COMPUTE_S)
+    assert reduced["remote/call_s"] >= 0 and OmegaConf.select(forwarder.config, "rollout.n") == 1
