@@ -248,3 +248,22 @@ def test_run_with_timeout_bounds_sync_and_async_teardown():
     assert time.monotonic() - start < 1
     with pytest.raises(KeyError):
         run_with_timeout(lambda: {}["x"], op="create", backend="b", limit_s=1)
+
+
+def test_errors_survive_pickling_as_ray_ships_them():
+    """Ray pickles a worker's exception to the trainer; keyword-only constructors must not break that."""
+    import pickle
+
+    from verl.remote_backend.reliability import BackendOutputError, ResumeCheckpointError
+
+    for err in (
+        BackendTimeoutError(op="generate", backend="b", limit_s=3, key="remote_backend.timeouts.generate"),
+        BackendDiedError(op="update_actor", backend="b", logs="/x.log", cause="gone"),
+        BackendOutputError("bad shape"),
+        ResumeCheckpointError("corrupt"),
+    ):
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is type(err) and str(back) == str(err) and back.__dict__ == err.__dict__
+    import ray.cloudpickle
+
+    assert str(ray.cloudpickle.loads(ray.cloudpickle.dumps(err))) == "corrupt"

@@ -130,6 +130,8 @@ class CorruptingLocalBackend(LocalBackend):
     NTH: dict[str, int] = {}
     #: seconds between sending a call and killing the engine (``kill`` fault)
     KILL_AFTER_S = 0.3
+    #: what the last ``kill`` fault did: pid, op, in_flight (the call had not finished), at (time.time())
+    LAST_KILL: dict[str, Any] = {}
     _counts: dict[str, itertools.count] = {}
 
     def _fault(self, op: str) -> str:
@@ -150,6 +152,7 @@ class CorruptingLocalBackend(LocalBackend):
             await asyncio.sleep(self.KILL_AFTER_S)
             in_flight = not task.done()
             os.kill(pid, signal.SIGKILL)
+            CorruptingLocalBackend.LAST_KILL = {"pid": pid, "op": op, "in_flight": in_flight, "at": time.time()}
             print(f"[fault] killed engine pid {pid} during {op} (in flight: {in_flight}) at {time.time():.3f}", flush=True)
             return await task
         result = await call()

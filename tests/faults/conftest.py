@@ -101,6 +101,19 @@ class FaultRecorder:
         LEDGER.surfaced += 1
         LEDGER.cases.append((self.name, "ok", outcome.seconds))
 
+    def observed(self, what: str, *, surfaced: bool, seconds: float, within_s: float, detail: str = "") -> None:
+        """Count a fault judged from outside (e.g. a full run's log): surfaced, and within the bound?"""
+        LEDGER.injected += 1
+        if seconds > within_s:
+            LEDGER.hangs += 1
+            LEDGER.cases.append((f"{self.name}: {what}", "hang", seconds))
+            raise AssertionError(f"{self.name}: {what} took {seconds:.1f}s > {within_s}s\n{detail}")
+        if not surfaced:
+            LEDGER.cases.append((f"{self.name}: {what}", "not surfaced", seconds))
+            raise AssertionError(f"{self.name}: {what} did not surface as expected\n{detail}")
+        LEDGER.surfaced += 1
+        LEDGER.cases.append((f"{self.name}: {what}", "ok", seconds))
+
     def protect(self, path: str) -> str:
         """Verify ``path`` now and again when the test ends; a failed final check counts as lost."""
         from verl.workers.remote_client.local.checkpoint import verify_checkpoint_dir

@@ -54,7 +54,24 @@ CONFIG_ROOT = "remote_backend"
 
 # ---------------------------------------------------------------- errors
 class BackendError(RuntimeError):
-    """Base class of the reliability errors raised on the verl side of a remote backend."""
+    """Base class of the reliability errors raised on the verl side of a remote backend.
+
+    Picklable whatever a subclass's constructor takes: Ray ships these errors from
+    the forwarder to the trainer, and an error it cannot rebuild reaches the user
+    as an opaque ``UnserializableException``.
+    """
+
+    #: keyword arguments a subclass with a keyword-only constructor was built with
+    _init_kwargs: Optional[dict] = None
+
+    def __reduce__(self) -> tuple:
+        if self._init_kwargs is not None:
+            return (_rebuild_error, (type(self), self._init_kwargs))
+        return (type(self), self.args)
+
+
+def _rebuild_error(cls: type, kwargs: dict) -> BaseException:
+    return cls(**kwargs)
 
 
 class BackendTimeoutError(BackendError, TimeoutError):
@@ -65,6 +82,7 @@ class BackendTimeoutError(BackendError, TimeoutError):
     """
 
     def __init__(self, *, op: str, backend: str, limit_s: float, key: str, detail: str = "") -> None:
+        self._init_kwargs = {"op": op, "backend": backend, "limit_s": limit_s, "key": key, "detail": detail}
         self.op, self.backend, self.limit_s, self.key = op, backend, float(limit_s), key
         super().__init__(
             f"remote backend {backend!r}: {op} did not finish within {limit_s:g}s. If the op is legitimately "
@@ -80,6 +98,7 @@ class BackendDiedError(BackendError):
     """
 
     def __init__(self, *, op: str, backend: str, logs: str, cause: str) -> None:
+        self._init_kwargs = {"op": op, "backend": backend, "logs": logs, "cause": cause}
         self.op, self.backend, self.logs = op, backend, logs
         super().__init__(
             f"remote backend {backend!r} died during {op}: {cause}. Its logs: {logs}. Nothing was re-sent; "
