@@ -191,3 +191,19 @@ def test_registering_the_same_class_twice_is_harmless(isolated_registry):
 def test_register_rejects_non_backend_classes(isolated_registry):
     with pytest.raises(TypeError, match="RemoteBackend subclass"):
         RemoteBackendRegistry.register("not-a-backend")(dict)
+
+
+def test_readme_adapter_example_is_complete_and_registers_under_its_name(tmp_path, monkeypatch, isolated_registry):
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Writing your own adapter", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    module = f"vrb_readme_example_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    __import__(module)
+    backend_cls = RemoteBackendRegistry.get("my-engine")
+    assert backend_cls.__module__ == module
+    assert not backend_cls.__abstractmethods__, "the README example leaves contract methods unimplemented"
+    from verl.remote_backend import supports_resume
+
+    assert supports_resume(backend_cls)
