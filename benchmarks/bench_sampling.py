@@ -1,4 +1,4 @@
-"""Sampling throughput of the local backend: 64 concurrent requests, batched vs one at a time.
+"""Row 4 - sampling throughput of the local backend: 64 concurrent requests, batched vs one at a time.
 
 Starts the real engine actor through ``LocalBackend`` (Ray, CPU) on the tiny
 Qwen2 model and sends the same 64 ``generate`` requests twice:
@@ -10,10 +10,10 @@ Qwen2 model and sends the same 64 ``generate`` requests twice:
 
 Usage::
 
-    python benchmarks/bench_sampling.py [--requests 64] [--max-tokens 64] [--model DIR]
+    python -m benchmarks.bench_sampling [--requests 64] [--max-tokens 64] [--model DIR]
 
-Prints generated tokens/s for both modes and their ratio. Not a test: numbers
-depend on the machine.
+Prints generated tokens/s for both modes and their ratio (target >= 4x). Not a
+test: numbers depend on the machine.
 """
 
 from __future__ import annotations
@@ -22,6 +22,84 @@ import argparse
 import asyncio
 import tempfile
 import time
+from typing import Optional
+
+from benchmarks.common import Result, format_table
+
+TARGET = 4.0
+
+
+def run(
+    *,
+    requests: int = 64,
+    max_tokens: int = 64,
+    temperature: float = 1.0,
+    model: Optional[str] = None,
+    num_cpus: float = 1,
+    verbose: bool = True,
+) -> list[Result]:
+    """Both modes once (after a warm-up request). Needs Ray initialised in this process."""
+    from omegaconf import OmegaConf
+
+    from verl.remote_backend.registry import RemoteBackendRegistry
+    from verl.remote_backend.tiny_model import build_tiny_model
+
+    model = model or build_tiny_model(tempfile.mkdtemp(prefix="bench_tiny_"))
+    cfg = OmegaConf.create(
+        {
+            "actor_rollout_ref": {"model": {"path": model}, "actor": {"optim": {"lr": 1e-6}}},
+            "remote_backend": {"local": {"num_cpus": num_cpus, "max_batch_size": requests}},
+        }
+    )
+    backend = RemoteBackendRegistry.create("local", cfg)
+    # Rows may stop early at EOS; tokens/s counts the tokens actually generated.
+    params = {"max_tokens": max_tokens, "temperature": temperature, "top_p": 1.0}
+    prompts = [[5 + (i % 50), 17, 33, 9 + (i % 7)] for i in range(requests)]
+
+    async def batched() -> int:
+        outs = await asyncio.gather(*[backend.generate(p, params) for p in prompts])
+        return sum(len(o["token_ids"]) for o in outs)
+
+    async def sequential() -> int:
+        total = 0
+        for p in prompts:
+            total += len((await backend.generate(p, params))["token_ids"])
+        return total
+
+    async def measure() -> list[Result]:
+        await backend.generate(prompts[0], {"max_tokens": 4})  # warm-up
+        t0 = time.perf_counter()
+        tok_b = await batched()
+        t_b = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        tok_s = await sequential()
+        t_s = time.perf_counter() - t0
+        info = await backend.engine_info()
+        speedup = (tok_b / t_b) / (tok_s / t_s)
+        if verbose:
+            print(f"requests={requests} max_tokens={max_tokens} temperature={temperature}")
+            print(f"batched:        {tok_b:6d} tokens in {t_b:7.2f}s = {tok_b / t_b:9.1f} tokens/s")
+            print(f"one at a time:  {tok_s:6d} tokens in {t_s:7.2f}s = {tok_s / t_s:9.1f} tokens/s")
+            print(f"speed-up (tokens/s batched / one at a time): {speedup:.1f}x")
+            print(f"engine decode batches run so far: {info['batches_run']}")
+        return [
+            Result(
+                row="4 sampling",
+                case=f"{requests} concurrent generate, max_tokens={max_tokens}, tiny model (tokens/s)",
+                a=tok_b / t_b,
+                a_label="batched tok/s",
+                b=tok_s / t_s,
+                b_label="one-at-a-time tok/s",
+                ratio=speedup,
+                target=f">= {TARGET:g}x",
+                met=speedup >= TARGET,
+            )
+        ]
+
+    try:
+        return asyncio.run(measure())
+    finally:
+        backend.destroy()
 
 
 def main() -> None:
@@ -34,53 +112,18 @@ def main() -> None:
     args = parser.parse_args()
 
     import ray
-    from omegaconf import OmegaConf
 
-    from verl.remote_backend.registry import RemoteBackendRegistry
-    from verl.remote_backend.tiny_model import build_tiny_model
-
-    model = args.model or build_tiny_model(tempfile.mkdtemp(prefix="bench_tiny_"))
-    cfg = OmegaConf.create(
-        {
-            "actor_rollout_ref": {"model": {"path": model}, "actor": {"optim": {"lr": 1e-6}}},
-            "remote_backend": {"local": {"num_cpus": args.num_cpus, "max_batch_size": args.requests}},
-        }
-    )
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    backend = RemoteBackendRegistry.create("local", cfg)
-    # Rows may stop early at EOS; tokens/s counts the tokens actually generated.
-    params = {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": 1.0}
-    prompts = [[5 + (i % 50), 17, 33, 9 + (i % 7)] for i in range(args.requests)]
-
-    async def batched() -> int:
-        outs = await asyncio.gather(*[backend.generate(p, params) for p in prompts])
-        return sum(len(o["token_ids"]) for o in outs)
-
-    async def sequential() -> int:
-        total = 0
-        for p in prompts:
-            total += len((await backend.generate(p, params))["token_ids"])
-        return total
-
-    async def run() -> None:
-        await backend.generate(prompts[0], {"max_tokens": 4})  # warm-up
-        t0 = time.perf_counter()
-        tok_b = await batched()
-        t_b = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        tok_s = await sequential()
-        t_s = time.perf_counter() - t0
-        info = await backend.engine_info()
-        print(f"requests={args.requests} max_tokens={args.max_tokens} temperature={args.temperature}")
-        print(f"batched:        {tok_b:6d} tokens in {t_b:7.2f}s = {tok_b / t_b:9.1f} tokens/s")
-        print(f"one at a time:  {tok_s:6d} tokens in {t_s:7.2f}s = {tok_s / t_s:9.1f} tokens/s")
-        print(f"speed-up (tokens/s batched / one at a time): {(tok_b / t_b) / (tok_s / t_s):.1f}x")
-        print(f"engine decode batches run so far: {info['batches_run']}")
-
     try:
-        asyncio.run(run())
+        results = run(
+            requests=args.requests,
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            model=args.model,
+            num_cpus=args.num_cpus,
+        )
+        print(format_table(results))
     finally:
-        backend.destroy()
         ray.shutdown()
 
 

@@ -19,7 +19,7 @@ from verl.remote_backend import RemoteBackend, RemoteBackendRegistry
 from verl.remote_backend.base import accepts_batch_refs, backend_compute_seconds
 from verl.remote_backend.batch_ref import BatchRef, non_tensor_fields
 from verl.remote_backend.dispatch import collect_outputs, dispatch_by_reference
-from verl.remote_backend.worker_utils import StepTiming, packed_to_nested
+from verl.remote_backend.worker_utils import StepTiming, normalise_metrics, packed_to_nested, remote_overhead_metrics
 from verl.utils import tensordict_utils as tu
 
 COMPUTE_S = 0.125
@@ -102,6 +102,21 @@ def test_step_timing_sums_a_step_and_drops_compute_when_one_call_lacks_it():
     timing.record(0.5, {"timing": {"compute_s": 0.25}})
     timing.record(0.5, {})
     assert timing.pop_metrics() == {"remote/call_s": 1.0}
+
+
+def test_the_trainer_turns_step_timing_into_perf_remote_metrics():
+    forwarded = normalise_metrics({"remote/call_s": 1.5, "remote/compute_s": 1.25, "pg_loss": 0.1})
+    metrics = {f"actor/{k}": v for k, v in forwarded.items()}
+    out = remote_overhead_metrics(metrics, 2.0)
+    assert set(metrics) == {"actor/pg_loss"}  # the timing entries do not stay under actor/
+    assert out == {
+        "perf/remote/wall_s": 2.0,
+        "perf/remote/forwarder_s": 1.5,
+        "perf/remote/compute_s": 1.25,
+        "perf/remote/overhead_s": 0.75,
+        "perf/remote/overhead_frac": 0.375,
+    }
+    assert remote_overhead_metrics({}, 1.0) == {"perf/remote/wall_s": 1.0}  # no compute reported
 
 
 # ---------------------------------------------------------------- dispatch / collect

@@ -18,12 +18,17 @@ checkpoint schedule, metrics). What changes:
    ``fit()`` (also when it raises) and when ``init_workers`` fails.
 6. **Bounded** - creating and destroying the backend run under
    ``remote_backend.timeouts.{create,destroy}`` (see :mod:`verl.remote_backend.guard`).
+7. **Overhead metrics** - the driver times the step's forwarded calls and logs
+   ``perf/remote/{wall_s,forwarder_s,compute_s,overhead_s,overhead_frac}``
+   (:func:`~verl.remote_backend.worker_utils.remote_overhead_metrics`): how much
+   of that time the backend spent computing and how much the plugin added.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -114,6 +119,7 @@ class RemoteBackendTrainer(RayPPOTrainer):
         self.plan: RemoteRunPlan = plan
         self.backend: Optional[RemoteBackend] = None
         self._handle: Optional[dict[str, Any]] = None
+        self._forwarded_wall_s = 0.0  # driver seconds of this step's forwarded calls so far
         install_flash_attn_fallback()
 
         from verl.remote_backend.worker import RemoteBackendWorker
@@ -150,6 +156,34 @@ class RemoteBackendTrainer(RayPPOTrainer):
         except BaseException:
             self.destroy_backend()
             raise
+
+    # ------------------------------------------------------------ timing of forwarded calls
+    # verl's step calls these three in order (old log-prob, ref, update); the update's metrics
+    # are the only ones the trainer logs from a worker, so the step's totals travel there.
+    def _compute_old_log_prob(self, batch: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return super()._compute_old_log_prob(batch)
+        finally:
+            self._forwarded_wall_s += time.perf_counter() - start
+
+    def _compute_ref_log_prob(self, batch: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return super()._compute_ref_log_prob(batch)
+        finally:
+            self._forwarded_wall_s += time.perf_counter() - start
+
+    def _update_actor(self, batch: Any) -> Any:
+        from verl.remote_backend.worker_utils import remote_overhead_metrics
+
+        start = time.perf_counter()
+        output = super()._update_actor(batch)
+        wall, self._forwarded_wall_s = self._forwarded_wall_s + time.perf_counter() - start, 0.0
+        metrics = output.meta_info.get("metrics")
+        if isinstance(metrics, dict):
+            metrics.update(remote_overhead_metrics(metrics, wall))
+        return output
 
     def fit(self) -> None:
         """verl's training loop; the backend is destroyed afterwards, whatever happens."""

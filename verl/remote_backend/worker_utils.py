@@ -36,6 +36,7 @@ __all__ = [
     "parse_global_step",
     "checkpoints_to_prune",
     "StepTiming",
+    "remote_overhead_metrics",
 ]
 
 # verl's trainer prefixes actor metrics itself; backends should not, but some will.
@@ -264,3 +265,44 @@ class StepTiming:
                 out[self.COMPUTE_S] = self.compute_s
         self.__init__()
         return out
+
+
+def _scalar(value: Any) -> float:
+    aggregate = getattr(value, "aggregate", None)  # a verl Metric
+    return float(aggregate()) if callable(aggregate) else float(np.mean(value))
+
+
+def remote_overhead_metrics(actor_metrics: dict[str, Any], wall_s: float, *, prefix: str = "actor/") -> dict[str, float]:
+    """The step's ``perf/remote/*`` metrics from the driver's wall time of the forwarded calls.
+
+    Pops the forwarder's :class:`StepTiming` entries (``<prefix>remote/call_s``,
+    ``<prefix>remote/compute_s``) out of ``actor_metrics`` (the trainer's
+    ``update_actor`` metrics, already prefixed) and returns:
+
+    * ``perf/remote/wall_s`` - ``wall_s``: driver-side seconds of the step's
+      ``compute_log_prob`` / ``compute_ref_log_prob`` / ``update_actor`` calls,
+      including verl's pad/unpad around them;
+    * ``perf/remote/forwarder_s`` - of which the forwarder waited on the backend;
+    * ``perf/remote/compute_s`` - of which the backend reported computing;
+    * ``perf/remote/overhead_s`` = wall - compute: dispatch, serialisation,
+      the forwarder and backend hops, layout conversion - what the plugin adds;
+    * ``perf/remote/overhead_frac`` = overhead / wall.
+
+    Without a backend-reported compute time only ``wall_s`` and ``forwarder_s`` are returned.
+    """
+    call = actor_metrics.pop(prefix + StepTiming.CALL_S, None)
+    compute = actor_metrics.pop(prefix + StepTiming.COMPUTE_S, None)
+    out = {"perf/remote/wall_s": float(wall_s)}
+    if call is not None:
+        out["perf/remote/forwarder_s"] = _scalar(call)
+    if compute is not None and wall_s > 0:
+        compute_s = _scalar(compute)
+        overhead = max(0.0, float(wall_s) - compute_s)
+        out.update(
+            {
+                "perf/remote/compute_s": compute_s,
+                "perf/remote/overhead_s": overhead,
+                "perf/remote/overhead_frac": overhead / float(wall_s),
+            }
+        )
+    return out

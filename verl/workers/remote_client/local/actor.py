@@ -17,7 +17,8 @@ The class is plain Python; :func:`remote_engine_class` wraps it with
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Optional, Sequence
+import time
+from typing import Any, Callable, Optional, Sequence
 
 from .config import EngineSettings
 from .engine import LocalEngine
@@ -53,11 +54,11 @@ class EngineActor:
 
     async def compute_log_prob(self, data: Any, *, ref: bool, calculate_entropy: bool, temperature: float) -> dict:
         return await asyncio.to_thread(
-            self.engine.compute_log_prob, data, ref=ref, calculate_entropy=calculate_entropy, temperature=temperature
+            _timed, self.engine.compute_log_prob, data, ref=ref, calculate_entropy=calculate_entropy, temperature=temperature
         )
 
     async def update_actor(self, data: Any, *, actor_config: Any, temperature: float) -> dict:
-        return await asyncio.to_thread(self.engine.update_actor, data, actor_config, temperature=temperature)
+        return await asyncio.to_thread(_timed, self.engine.update_actor, data, actor_config, temperature=temperature)
 
     async def save_checkpoint(self, path: str, step: Optional[int]) -> str:
         return await asyncio.to_thread(self.engine.save_checkpoint, path, step)
@@ -131,6 +132,16 @@ class EngineActor:
             for fut, result in finished:
                 if not fut.done():
                     fut.set_result(result)
+
+
+def _timed(op: Callable[..., dict], *args: Any, **kwargs: Any) -> dict:
+    """Run ``op`` and add the contract's optional ``timing.compute_s`` (see ``base.py``) to its
+    result: the seconds spent computing, measured in the compute thread itself so that Ray
+    transport and thread hand-off stay on the plugin's side of the ledger."""
+    start = time.perf_counter()
+    result = op(*args, **kwargs)
+    result["timing"] = {"compute_s": time.perf_counter() - start}
+    return result
 
 
 def remote_engine_class():
