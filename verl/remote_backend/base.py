@@ -22,6 +22,12 @@ talks to a backend only through the nine abstract methods below, plus two
   actor passes ``data.ref`` as a top-level argument of its actor call and Ray
   resolves it to the ``TensorDict`` in the engine's process, so the batch is
   never deserialised and re-serialised by the forwarder.
+* ``async health() -> None`` and ``log_location() -> str`` - liveness (see
+  :mod:`verl.remote_backend.guard`): ``health`` returns when the engine answers
+  and raises when it does not (probed while calls are in flight, and after a
+  failed call); ``log_location`` says where the engine's logs are, quoted when
+  it is found dead. Raise ``ConnectionError`` for transport failures: only
+  those are re-sent, and only for idempotent reads.
 
 Token layout shared by ``compute_log_prob`` and ``update_actor``
 -----------------------------------------------------------------
