@@ -81,7 +81,7 @@ def run(models: Sequence[str], *, repeats: int = 5) -> list[Result]:
         results.append(
             Result(
                 row="5 weight sync",
-                case=f"update_weights, {name} model ({params / 1e6:.1f}M params, {gbytes * 1e3:.0f} MB fp32)",
+                case=f"update_weights, {name} model ({params / 1e6:.1f}M params, {gbytes * 1e3:.3g} MB fp32)",
                 a=times["sync"],
                 a_label="update_weights s",
                 b=times["memcpy"],

@@ -39,6 +39,10 @@ class Result:
         target: the issue's threshold, e.g. ``"<= 1.25x"``; ``None`` for informative lines.
         met: whether ``ratio`` meets ``target`` (``None`` without a target).
         note: free text (units, sizes, caveats).
+        percent: show ``ratio`` as a percentage (a share) rather than ``N.NNx``.
+        extra: raw figures behind the line (printed by the row's own CLI).
+
+    A label ending in ``" s"`` marks its figure as seconds.
     """
 
     row: str
@@ -51,6 +55,7 @@ class Result:
     target: Optional[str] = None
     met: Optional[bool] = None
     note: str = ""
+    percent: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -74,12 +79,15 @@ def time_interleaved(
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def _fmt(value: Optional[float], unit_hint: str) -> str:
-    if value is None:
+def _fmt(label: str, value: Optional[float]) -> str:
+    if not label:
         return ""
-    if unit_hint.endswith("_s") or unit_hint == "s":
-        return f"{value * 1e3:.2f} ms" if value < 1 else f"{value:.2f} s"
-    return f"{value:.4g}"
+    if value is None:
+        return label
+    if label.endswith(" s"):
+        text = f"{value * 1e3:.2f} ms" if value < 1 else f"{value:.2f} s"
+        return f"{label[:-2]}: {text}"
+    return f"{label}: {value:,.1f}" if value >= 100 else f"{label}: {value:.3g}"
 
 
 def format_table(results: Sequence[Result]) -> str:
@@ -89,12 +97,13 @@ def format_table(results: Sequence[Result]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for r in results:
-        a = f"{r.a_label}: {_fmt(r.a, 's' if r.a_label.endswith('s') or ' s' in r.a_label else '')}" if r.a_label else ""
-        b = f"{r.b_label}: {_fmt(r.b, 's' if r.b_label.endswith('s') or ' s' in r.b_label else '')}" if r.b_label else ""
-        ratio = "" if r.ratio is None else (f"{r.ratio:.1%}" if r.target and "%" in r.target else f"{r.ratio:.2f}x")
+        if r.ratio is None:
+            ratio = ""
+        else:
+            ratio = f"{r.ratio:.1%}" if r.percent else f"{r.ratio:.2f}x"
         met = "" if r.met is None else ("yes" if r.met else "**no**")
         case = r.case + (f" ({r.note})" if r.note else "")
-        lines.append(f"| {r.row} | {case} | {a} | {b} | {ratio} | {r.target or ''} | {met} |")
+        lines.append(f"| {r.row} | {case} | {_fmt(r.a_label, r.a)} | {_fmt(r.b_label, r.b)} | {ratio} | {r.target or ''} | {met} |")
     return "\n".join(lines)
 
 

@@ -19,10 +19,11 @@ neighbours.
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -129,7 +130,7 @@ def _e2e(p: Profile, mode: str) -> list[Result]:
     from benchmarks.bench_e2e_share import run
 
     if mode == "smoke":
-        return run(steps=p.e2e_steps, hidden=64, layers=2, response_len=16)
+        return run(steps=p.e2e_steps, hidden=64, layers=2, response_len=16, replica_repeats=2)
     return run(steps=p.e2e_steps)
 
 
@@ -140,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--smoke", action="store_true", help="tiny sizes, no thresholds")
     parser.add_argument("--rows", default="1,2,3,4,5", help="comma-separated row numbers (default: all)")
     parser.add_argument("--out", type=Path, default=None, help="also write the Markdown table here")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
     args = parser.parse_args(argv)
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     rows = tuple(int(r) for r in args.rows.split(",") if r.strip())
@@ -160,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     if args.out is not None:
         args.out.write_text(f"{header}\n\n{table}\n")
+    if args.json is not None:
+        args.json.write_text(json.dumps({"command": command, "results": [asdict(r) for r in results]}, indent=1))
     missed = [r for r in results if r.met is False]
     if missed:
         print(f"\n{len(missed)} target(s) missed: " + "; ".join(f"{r.row} {r.case}" for r in missed))

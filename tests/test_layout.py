@@ -60,14 +60,14 @@ def test_trailing_dimensions_travel_with_each_token():
     assert torch.equal(padded_to_packed(dense, offsets, starts=starts), values)
 
 
-def test_a_caller_supplied_outside_mask_gives_the_same_result():
+def test_a_caller_supplied_inside_mask_gives_the_same_result():
     starts, lengths = _runs(8, 12, seed=3)
     offsets = offsets_from_lengths(lengths)
     values = torch.randint(0, 9, (int(lengths.sum()),))
     cols = torch.arange(12)
     inside = (cols >= starts[:, None]) & (cols < (starts + lengths)[:, None])
     assert torch.equal(
-        packed_to_padded(values, offsets, 12, starts=starts, outside=~inside),
+        packed_to_padded(values, offsets, 12, starts=starts, inside=inside),
         packed_to_padded(values, offsets, 12, starts=starts),
     )
 

@@ -117,7 +117,7 @@ def njt_to_dense(
         raise PayloadError(f"{name}: {values.shape[0]} packed tokens, but attention_mask marks {total}")
     if contiguous:  # verl's layout: each row's real tokens are one run (row-wise copy, no nonzero())
         return packed_to_padded(
-            values, offsets_from_lengths(lengths), mask.shape[1], starts=starts, pad_value=pad_value, outside=~mask
+            values, offsets_from_lengths(lengths), mask.shape[1], starts=starts, pad_value=pad_value, inside=mask
         )
     dense = values.new_full(mask.shape, pad_value)
     dense[mask] = values
