@@ -153,6 +153,7 @@ def test_failing_adapter_import_reports_its_cause_and_the_install_hint(tmp_path,
     (tmp_path / f"{module}.py").write_text("import arctic_platform_that_is_not_installed\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     RemoteBackendRegistry.MODULES["arctic"] = module
+    RemoteBackendRegistry.unregister("arctic")  # an earlier test may have imported the real adapter
     RemoteBackendRegistry._classes.pop("arctic", None)  # (a copy) an earlier test may have imported the real adapter
     with pytest.raises(BackendImportError) as info:
         RemoteBackendRegistry.get("arctic")
