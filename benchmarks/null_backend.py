@@ -22,6 +22,7 @@ from typing import Any, Optional
 import torch
 
 from verl.remote_backend.registry import RemoteBackendRegistry
+from verl.workers.remote_client.local.transport import outputs_to_numpy
 from verl.workers.remote_client.local_backend import LocalBackend
 
 __all__ = ["NAME", "NullBackend", "NullEngineActor", "worker_env"]
@@ -56,7 +57,8 @@ class NullEngineActor:
         out = {"log_probs": torch.zeros(total)}
         if calculate_entropy:
             out["entropy"] = torch.zeros(total)
-        return {"model_output": out, "metrics": {}, "timing": {"compute_s": time.perf_counter() - start}}
+        result = {"model_output": out, "metrics": {}, "timing": {"compute_s": time.perf_counter() - start}}
+        return outputs_to_numpy(result)  # the engine actor's wire format (local/transport.py)
 
     async def update_actor(self, data: Any, *, actor_config: Any, temperature: float) -> dict:
         start = time.perf_counter()

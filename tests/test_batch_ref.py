@@ -228,3 +228,29 @@ def test_a_capable_backend_gets_the_reference_and_step_timing_reaches_update_met
     reduced = reduce_metrics(dict(metrics))
     assert reduced["remote/compute_s"] == pytest.approx(2 * COMPUTE_S)
     assert reduced["remote/call_s"] >= 0 and OmegaConf.select(forwarder.config, "rollout.n") == 1
+
+
+# ---------------------------------------------------------------- local engine -> client outputs
+def test_local_engine_outputs_travel_as_numpy_and_come_back_as_private_tensors():
+    import numpy as np
+
+    from verl.workers.remote_client.local.transport import outputs_to_numpy, outputs_to_torch
+
+    result = {"model_output": {"log_probs": torch.arange(4.0), "entropy": torch.ones(4)}, "metrics": {}}
+    wire = outputs_to_numpy(result)
+    assert all(isinstance(v, np.ndarray) for v in wire["model_output"].values())
+    received = wire["model_output"]["log_probs"]
+    received.setflags(write=False)  # what Ray hands over: a read-only view of the object store
+    back = outputs_to_torch(wire)["model_output"]
+    assert torch.equal(back["log_probs"], torch.arange(4.0)) and torch.equal(back["entropy"], torch.ones(4))
+    back["log_probs"][0] = 7.0  # a private, writable copy
+    assert received[0] == 0.0
+
+
+def test_bfloat16_outputs_stay_tensors_on_the_wire():
+    from verl.workers.remote_client.local.transport import outputs_to_numpy, outputs_to_torch
+
+    values = torch.arange(4.0, dtype=torch.bfloat16)
+    wire = outputs_to_numpy({"model_output": {"log_probs": values}})
+    assert isinstance(wire["model_output"]["log_probs"], torch.Tensor)
+    assert torch.equal(outputs_to_torch(wire)["model_output"]["log_probs"], values)

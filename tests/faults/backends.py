@@ -130,6 +130,9 @@ class CorruptingLocalBackend(LocalBackend):
     NTH: dict[str, int] = {}
     #: seconds between sending a call and killing the engine (``kill`` fault)
     KILL_AFTER_S = 0.3
+    #: a sampled request can end early at a random EOS, so generation is killed sooner
+    #: (the request has been sent and is decoding, but has very likely not finished)
+    KILL_GENERATE_AFTER_S = 0.05
     #: what the last ``kill`` fault did: pid, op, in_flight (the call had not finished), at (time.time())
     LAST_KILL: dict[str, Any] = {}
     _counts: dict[str, itertools.count] = {}
@@ -149,7 +152,7 @@ class CorruptingLocalBackend(LocalBackend):
         if fault == "kill":
             pid = int(self.info["pid"])
             task = asyncio.ensure_future(call())
-            await asyncio.sleep(self.KILL_AFTER_S)
+            await asyncio.sleep(self.KILL_GENERATE_AFTER_S if op == "generate" else self.KILL_AFTER_S)
             in_flight = not task.done()
             os.kill(pid, signal.SIGKILL)
             CorruptingLocalBackend.LAST_KILL = {"pid": pid, "op": op, "in_flight": in_flight, "at": time.time()}

@@ -29,6 +29,7 @@ from verl.remote_backend.batch_ref import BatchRef
 from verl.remote_backend.registry import RemoteBackendRegistry
 
 from .local.config import EngineSettings
+from .local.transport import outputs_to_torch
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -144,11 +145,12 @@ class LocalBackend(RemoteBackend):
             # consolidate: the selected fields may be views into a larger received batch whose
             # whole storage would otherwise be pickled along with them
             payload = data.select(*[k for k in _FORWARD_KEYS if k in data.keys()]).consolidate()
-        return await _unwrap(
+        result = await _unwrap(
             self._live().compute_log_prob.remote(
                 payload, ref=ref, calculate_entropy=calculate_entropy, temperature=temperature
             )
         )
+        return outputs_to_torch(result)  # the engine sends numpy (local/transport.py)
 
     async def update_actor(
         self,

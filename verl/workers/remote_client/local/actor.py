@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional, Sequence
 from .config import EngineSettings
 from .engine import LocalEngine
 from .sampler import SampleRequest
+from .transport import outputs_to_numpy
 
 __all__ = ["EngineActor", "remote_engine_class"]
 
@@ -53,9 +54,10 @@ class EngineActor:
         return {**self.engine.info(), "batches_run": self.batches_run}
 
     async def compute_log_prob(self, data: Any, *, ref: bool, calculate_entropy: bool, temperature: float) -> dict:
-        return await asyncio.to_thread(
+        result = await asyncio.to_thread(
             _timed, self.engine.compute_log_prob, data, ref=ref, calculate_entropy=calculate_entropy, temperature=temperature
         )
+        return outputs_to_numpy(result)  # the client turns them back into tensors (transport.py)
 
     async def update_actor(self, data: Any, *, actor_config: Any, temperature: float) -> dict:
         return await asyncio.to_thread(_timed, self.engine.update_actor, data, actor_config, temperature=temperature)
