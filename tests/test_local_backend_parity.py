@@ -218,8 +218,13 @@ def test_update_actor_matches_verl_dp_actor(tiny_model_dir, dist_group, case):
         # is left is float round-off; Adam rescales that noise to full-size steps.
         if spec["optimizer"] == "AdamW" and name.endswith("k_proj.bias"):
             continue
-        rel = (ours - theirs).norm() / theirs.norm()
-        assert rel < 1e-5, f"{name}: relative difference of the update {rel:.2e}"
+        # The update is read back as (float32 weight after) - (weight before): a weight near 1.0
+        # (a norm scale) stores a 1e-3 step only to its ulp, 1.2e-7, which alone is 1e-5 of a
+        # 64-element update. The bound applies to what exceeds the stored weight's resolution (eps * |w|).
+        ulp = torch.finfo(p.dtype).eps * p.detach().abs()
+        excess = ((ours - theirs).abs() - ulp).clamp(min=0)
+        rel = excess.norm() / theirs.norm()
+        assert rel < 1e-5, f"{name}: relative difference of the update beyond eps * |w| {rel:.2e}"
     ours, theirs = torch.cat(all_ours), torch.cat(all_theirs)
     assert (ours - theirs).norm() / theirs.norm() < 1e-5
 
