@@ -11,11 +11,13 @@ fields):
   built as the trainer builds it (colocated worker class, ``spawn``), with
   verl's dispatch (chunk + ``ray.put``) and collect, then ``tu.get`` of the
   outputs the trainer reads;
-* **direct** - from the driver straight to the actor, the faster of
-  ``ray.get(actor.<op>.remote(td, ...))`` (Ray serialises the argument) and
+* **direct** - from the driver straight to the actor, the fastest of
+  ``ray.get(actor.<op>.remote(td, ...))`` (Ray serialises the argument),
   ``ray.get(actor.<op>.remote(ray.put(td), ...))`` (the same with an explicit
-  object), each timed separately: the reference is the best a caller without
-  the plugin gets.
+  object) and ``ray.get(actor.<op>.remote(ray.put(to_wire(td)), ...))`` (the
+  plugin's own wire format, tensors as numpy buffers), each timed separately:
+  the reference is the best a caller without the forwarder gets, including the
+  serialisation speed-up the forwarder itself uses.
 
 ratio = forwarded / direct (target <= 1.25x). The driver runs torch single-
 threaded, as verl's trainer driver does (a Ray actor with one CPU).
@@ -89,6 +91,7 @@ def run(sizes: Sequence[tuple[int, int, int]], *, repeats: int = 7, model_dir: s
     from benchmarks.null_backend import NAME
     from verl.remote_backend.registry import RemoteBackendRegistry
     from verl.remote_backend.tiny_model import build_tiny_model
+    from verl.remote_backend.wire import to_wire
     from verl.utils import tensordict_utils as tu
     from verl.workers.remote_client.local.objective import to_actor_config
 
@@ -116,6 +119,10 @@ def run(sizes: Sequence[tuple[int, int, int]], *, repeats: int = 7, model_dir: s
                 ref = ray.put(td_lp)
                 ray.get(actor.compute_log_prob.remote(ref, ref=False, calculate_entropy=True, temperature=1.0))
 
+            def direct_wire_lp() -> None:
+                ref = ray.put(to_wire(td_lp))
+                ray.get(actor.compute_log_prob.remote(ref, ref=False, calculate_entropy=True, temperature=1.0))
+
             def forwarded_up() -> None:
                 tu.get(wg.update_actor(td_up), "metrics")
 
@@ -125,19 +132,24 @@ def run(sizes: Sequence[tuple[int, int, int]], *, repeats: int = 7, model_dir: s
             def direct_put_up() -> None:
                 ray.get(actor.update_actor.remote(ray.put(td_up), actor_config=actor_config, temperature=1.0))
 
+            def direct_wire_up() -> None:
+                ray.get(actor.update_actor.remote(ray.put(to_wire(td_up)), actor_config=actor_config, temperature=1.0))
+
             times = time_interleaved(
                 {
                     "fwd_lp": forwarded_lp,
                     "dir_lp": direct_lp,
                     "put_lp": direct_put_lp,
+                    "wire_lp": direct_wire_lp,
                     "fwd_up": forwarded_up,
                     "dir_up": direct_up,
                     "put_up": direct_put_up,
+                    "wire_up": direct_wire_up,
                 },
                 repeats=repeats,
             )
-            times["dir_lp"] = min(times["dir_lp"], times.pop("put_lp"))
-            times["dir_up"] = min(times["dir_up"], times.pop("put_up"))
+            times["dir_lp"] = min(times["dir_lp"], times.pop("put_lp"), times.pop("wire_lp"))
+            times["dir_up"] = min(times["dir_up"], times.pop("put_up"), times.pop("wire_up"))
             size = f"B={batch} P={prompt} R={response} T={tokens}"
             for op, fwd, dirc in (("compute_log_prob", "fwd_lp", "dir_lp"), ("update_actor", "fwd_up", "dir_up")):
                 ratio = times[fwd] / times[dirc]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import pickle
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from verl.remote_backend import RemoteBackend, RemoteBackendRegistry
 from verl.remote_backend.base import accepts_batch_refs, backend_compute_seconds
 from verl.remote_backend.batch_ref import BatchRef, non_tensor_fields
 from verl.remote_backend.dispatch import collect_outputs, dispatch_by_reference
+from verl.remote_backend.wire import WireBatch
 from verl.remote_backend.worker_utils import StepTiming, normalise_metrics, packed_to_nested, remote_overhead_metrics
 from verl.utils import tensordict_utils as tu
 
@@ -140,7 +142,8 @@ def test_single_rank_dispatch_sends_one_reference_without_chunking(monkeypatch):
     monkeypatch.setattr(ray, "put", lambda obj: put.append(obj) or f"ref{len(put)}")
     data = _batch()
     args, kwargs = dispatch_by_reference("actor", _Group(), data)
-    assert put == [data]  # the caller's TensorDict itself: no chunk copy, no consolidate
+    # the caller's TensorDict itself (no chunk copy, no consolidate), wrapped for the wire
+    assert len(put) == 1 and isinstance(put[0], WireBatch) and put[0].data is data
     (batch_ref,) = args[0]
     assert isinstance(batch_ref, BatchRef) and batch_ref.ref == "ref1" and kwargs == {}
     out = _batch()
@@ -210,7 +213,9 @@ def forwarder(model_dir, monkeypatch):
 
 def test_a_backend_without_the_capability_gets_the_fetched_tensordict(forwarder):
     data = _batch(no_lora_adapter=True)
-    out = asyncio.run(forwarder.compute_log_prob(BatchRef.describe(data, _ref_to(data))))
+    wire = asyncio.run(forwarder.compute_log_prob(BatchRef.describe(data, _ref_to(data))))
+    assert isinstance(wire, WireBatch)  # called as the worker group does: the output is wrapped for Ray
+    out = pickle.loads(pickle.dumps(wire, protocol=5))  # what the driver unpickles
     (seen,) = _RecordingBackend.seen
     assert not accepts_batch_refs(_RecordingBackend)
     assert not isinstance(seen, BatchRef) and "no_lora_adapter" not in seen.keys()

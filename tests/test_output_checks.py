@@ -56,6 +56,15 @@ def test_a_nan_is_located_by_row_and_token():
         check_log_prob_output({"log_probs": lp}, input_ids(), calculate_entropy=False)
 
 
+def test_finite_values_whose_sum_overflows_still_pass():
+    # the finiteness check sums first; an overflowing sum of finite values must not be an error
+    huge = torch.full((TOTAL,), 3e38)
+    check_log_prob_output({"log_probs": huge, "entropy": -huge}, input_ids(), calculate_entropy=True)
+    huge[3] = float("-inf")
+    with pytest.raises(BackendOutputError, match=r"got 1 NaN/Inf \(first at packed index 3: row 0, token 3"):
+        check_log_prob_output({"log_probs": huge}, input_ids(), calculate_entropy=False)
+
+
 def test_nested_output_with_other_row_lengths_is_named():
     wrong = torch.nested.nested_tensor_from_jagged(torch.zeros(TOTAL), offsets=torch.tensor([0, 6, 12]))
     with pytest.raises(BackendOutputError, match=r"expected nested row lengths \[5, 7\] \(the batch's\), got \[6, 6\]"):

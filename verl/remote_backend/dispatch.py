@@ -10,7 +10,8 @@ verl's semantics (same meshes, same dp-rank mapping, same collect mask) and
 drops the copies:
 
 * dispatch: a single-rank mesh gets the ``TensorDict`` as is (no chunking);
-  each chunk is ``ray.put`` once and sent as a :class:`~.batch_ref.BatchRef`
+  each chunk is ``ray.put`` once, its tensors as numpy buffers
+  (:func:`~.wire.to_wire`), and sent as a :class:`~.batch_ref.BatchRef`
   (reference + offsets + scalar fields), so the forwarder's process never
   deserialises a batch its backend hands on by reference;
 * collect: a single collected output is returned as is; several are
@@ -28,6 +29,7 @@ from typing import Any
 from tensordict import TensorDict
 
 from verl.remote_backend.batch_ref import BatchRef
+from verl.remote_backend.wire import to_wire
 
 __all__ = ["make_forwarder_dispatch_fn", "dispatch_by_reference", "collect_outputs"]
 
@@ -61,7 +63,7 @@ def dispatch_by_reference(mesh_name: str, worker_group: Any, *args: Any, **kwarg
     dp_size = max(mapping) + 1
 
     def per_worker(data: TensorDict) -> list[BatchRef]:
-        refs = [BatchRef.describe(chunk, ray.put(chunk)) for chunk in _chunks(data, dp_size)]
+        refs = [BatchRef.describe(chunk, ray.put(to_wire(chunk))) for chunk in _chunks(data, dp_size)]
         return [refs[mapping[rank]] for rank in range(worker_group.world_size)]
 
     return tuple(per_worker(a) for a in args), {k: per_worker(v) for k, v in kwargs.items()}

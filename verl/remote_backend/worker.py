@@ -44,6 +44,7 @@ from verl.remote_backend.base import (
     supports_resume,
 )
 from verl.remote_backend.batch_ref import BatchRef
+from verl.remote_backend.wire import WireBatch, to_wire
 from verl.remote_backend.checkpoints import protected_checkpoint, resume_failure
 from verl.remote_backend.cpu_compat import install_flash_attn_fallback
 from verl.remote_backend.dispatch import make_forwarder_dispatch_fn
@@ -162,7 +163,7 @@ class RemoteBackendWorker(Worker):
     # Data-path methods are dispatched by reference (dispatch.py): ``data`` arrives as a
     # BatchRef when called through the worker group, as a TensorDict when called directly.
     @register(dispatch_mode=make_forwarder_dispatch_fn("actor"))
-    async def compute_log_prob(self, data: TensorDict | BatchRef) -> TensorDict:
+    async def compute_log_prob(self, data: TensorDict | BatchRef) -> TensorDict | WireBatch:
         """Actor log-probs (and entropy when ``calculate_entropy``) for the batch.
 
         verl sends ``no_lora_adapter=True`` when the reference policy is the
@@ -172,11 +173,11 @@ class RemoteBackendWorker(Worker):
         return await self._forward(data, ref=ref)
 
     @register(dispatch_mode=make_forwarder_dispatch_fn("ref"))
-    async def compute_ref_log_prob(self, data: TensorDict | BatchRef) -> TensorDict:
+    async def compute_ref_log_prob(self, data: TensorDict | BatchRef) -> TensorDict | WireBatch:
         """Reference-model log-probs for the batch."""
         return await self._forward(data, ref=True)
 
-    async def _forward(self, data: TensorDict | BatchRef, *, ref: bool) -> TensorDict:
+    async def _forward(self, data: TensorDict | BatchRef, *, ref: bool) -> TensorDict | WireBatch:
         backend = self._require_backend()
         calculate_entropy = bool(_field(data, "calculate_entropy", False))
         input_ids = _layout(data)
@@ -209,7 +210,10 @@ class RemoteBackendWorker(Worker):
         seqlens = sequence_lengths(input_ids).tolist()
         # A plain float: the trainer logs metrics["mfu"] of log-prob calls without reducing it.
         metrics = {"mfu": self._mfu(result, seqlens, seconds, forward_only=True)}
-        return tu.get_tensordict(tensor_dict=outputs, non_tensor_dict={"metrics": metrics})
+        output = tu.get_tensordict(tensor_dict=outputs, non_tensor_dict={"metrics": metrics})
+        # Called through the worker group (a BatchRef came in), the output goes back to the driver
+        # over Ray: its per-token tensors travel as numpy buffers and arrive as this TensorDict.
+        return to_wire(output) if isinstance(data, BatchRef) else output
 
     @register(dispatch_mode=make_forwarder_dispatch_fn("actor_update"))
     async def update_actor(self, data: TensorDict | BatchRef) -> TensorDict:
