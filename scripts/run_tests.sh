@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # The README's test command: set up the environment, then run the whole suite.
-# Extra arguments go to pytest (e.g. -m "not slow" for the fast suite only).
+# Extra arguments go to pytest (e.g. -m "not slow" for the fast suite only, or
+# tests/test_registry.py to run one file).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$(bash "$repo/scripts/setup_env.sh" test)"
 cd "$repo"
+# Run the whole suite unless the arguments name test files or folders themselves.
+for arg in "$@"; do
+    if [ -e "${arg%%::*}" ]; then exec "$venv/bin/python" -m pytest "$@"; fi
+done
 exec "$venv/bin/python" -m pytest tests "$@"
