@@ -28,13 +28,14 @@ import torch
 from tensordict import TensorDict
 from tensordict.tensorclass import NonTensorData
 
-__all__ = ["WireBatch", "to_wire"]
+__all__ = ["WireBatch", "to_wire", "numpy_able", "tensor_to_numpy", "tensor_from_numpy"]
 
 #: (key, kind, arrays, extra) per packed entry; kind is "dense", "jagged" or "non_tensor"
 _Leaf = tuple[str, str, tuple[np.ndarray, ...], Optional[dict[str, int]]]
 
 
-def _numpy_able(tensor: Any) -> bool:
+def numpy_able(tensor: Any) -> bool:
+    """True for a tensor that can travel as a numpy buffer: CPU, strided, no grad, not bfloat16."""
     return (
         isinstance(tensor, torch.Tensor)
         and tensor.device.type == "cpu"
@@ -44,12 +45,14 @@ def _numpy_able(tensor: Any) -> bool:
     )
 
 
-def _as_numpy(tensor: torch.Tensor) -> np.ndarray:
+def tensor_to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    """The sending side: a (contiguous) numpy view of a :func:`numpy_able` tensor."""
     return tensor.detach().contiguous().numpy()
 
 
-def _as_tensor(array: np.ndarray) -> torch.Tensor:
-    # a received buffer is a read-only view of Ray's object store: take a private copy
+def tensor_from_numpy(array: np.ndarray) -> torch.Tensor:
+    """The receiving side: a writable tensor (a private copy if ``array`` is read-only)."""
+    # a received buffer is a read-only view of Ray's object store
     return torch.from_numpy(array if array.flags.writeable else array.copy())
 
 
@@ -57,29 +60,29 @@ def _pack(key: str, value: Any) -> Optional[_Leaf]:
     """The wire form of one top-level entry, or None to send it the ordinary way."""
     if isinstance(value, NonTensorData):
         inner = value.data
-        return (key, "non_tensor", (_as_numpy(inner),), None) if _numpy_able(inner) and not inner.is_nested else None
+        return (key, "non_tensor", (tensor_to_numpy(inner),), None) if numpy_able(inner) else None
     if not isinstance(value, torch.Tensor):
         return None
     if value.is_nested:
         if value.layout != torch.jagged or value._lengths is not None or value._ragged_idx != 1:
             return None
         values = value.values()
-        if not _numpy_able(values):
+        if not numpy_able(values):
             return None
         # the cached sequence-length bounds, if known, so the receiver need not recompute them
         seqlens = {name: getattr(value, f"_{name}", None) for name in ("min_seqlen", "max_seqlen")}
         seqlens = {name: int(v) for name, v in seqlens.items() if v is not None}
-        return (key, "jagged", (_as_numpy(values), _as_numpy(value.offsets())), seqlens)
-    return (key, "dense", (_as_numpy(value),), None) if _numpy_able(value) else None
+        return (key, "jagged", (tensor_to_numpy(values), tensor_to_numpy(value.offsets())), seqlens)
+    return (key, "dense", (tensor_to_numpy(value),), None) if numpy_able(value) else None
 
 
 def _unpack(kind: str, arrays: tuple[np.ndarray, ...], extra: Optional[dict[str, int]]) -> Any:
     if kind == "dense":
-        return _as_tensor(arrays[0])
+        return tensor_from_numpy(arrays[0])
     if kind == "jagged":
-        values, offsets = (_as_tensor(a) for a in arrays)
+        values, offsets = (tensor_from_numpy(a) for a in arrays)
         return torch.nested.nested_tensor_from_jagged(values, offsets=offsets, **(extra or {}))
-    return NonTensorData(_as_tensor(arrays[0]))
+    return NonTensorData(tensor_from_numpy(arrays[0]))
 
 
 def _rebuild(batch_size: torch.Size, order: list[str], leaves: list[_Leaf], rest: TensorDict) -> TensorDict:

@@ -8,7 +8,7 @@ sizes - the engine therefore sends numpy (:func:`outputs_to_numpy`) and the
 client turns them back into tensors (:func:`outputs_to_torch`), owning a
 private copy so nothing downstream holds read-only object-store memory.
 
-Pure module (torch + numpy only).
+Pure module (torch + numpy; the conversions are :mod:`verl.remote_backend.wire`'s).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import torch
+
+from verl.remote_backend.wire import numpy_able, tensor_from_numpy, tensor_to_numpy
 
 __all__ = ["outputs_to_numpy", "outputs_to_torch"]
 
@@ -24,27 +25,24 @@ _KEY = "model_output"
 
 
 def outputs_to_numpy(result: dict[str, Any]) -> dict[str, Any]:
-    """Replace the CPU tensors of ``result["model_output"]`` by numpy views (in place; returned)."""
+    """Replace the CPU tensors of ``result["model_output"]`` by numpy views (in place; returned).
+
+    Tensors numpy cannot hold (bfloat16) stay tensors and are pickled the ordinary way.
+    """
     outputs = result.get(_KEY)
     if isinstance(outputs, dict):
         for key, value in outputs.items():
-            # bfloat16 has no numpy dtype: such tensors stay tensors (pickled the slow way)
-            if (
-                isinstance(value, torch.Tensor)
-                and not value.is_nested
-                and value.device.type == "cpu"
-                and value.dtype != torch.bfloat16
-            ):
-                outputs[key] = value.detach().contiguous().numpy()
+            if numpy_able(value):
+                outputs[key] = tensor_to_numpy(value)
     return result
 
 
 def outputs_to_torch(result: dict[str, Any]) -> dict[str, Any]:
     """Inverse of :func:`outputs_to_numpy`: numpy arrays of ``result["model_output"]`` back to
-    tensors (a copy: received arrays are read-only views of Ray's object store)."""
+    writable tensors (a copy of read-only arrays, i.e. views of Ray's object store)."""
     outputs = result.get(_KEY) if isinstance(result, dict) else None
     if isinstance(outputs, dict):
         for key, value in outputs.items():
             if isinstance(value, np.ndarray):
-                outputs[key] = torch.from_numpy(np.array(value, copy=True))
+                outputs[key] = tensor_from_numpy(value)
     return result
