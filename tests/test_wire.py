@@ -99,3 +99,14 @@ def test_wrapping_is_idempotent_and_refuses_multi_dimensional_batches():
     assert isinstance(wire, WireBatch) and to_wire(wire) is wire and wire.data is batch
     with pytest.raises(ValueError, match="one batch dimension"):
         to_wire(TensorDict({"x": torch.zeros(2, 3)}, batch_size=[2, 3]))
+
+
+def test_a_field_selected_from_a_consolidated_batch_sends_only_its_own_bytes():
+    batch = verl_batch()
+    batch["padding_heavy"] = torch.zeros(3, 100_000)  # 1.2 MB in the same storage after consolidate
+    selected = batch.consolidate().select("input_ids", "position_ids")
+    buffers = []
+    stream = pickle.dumps(to_wire(selected), protocol=5, buffer_callback=buffers.append)
+    sent = len(stream) + sum(b.raw().nbytes for b in buffers)
+    assert sent < 20_000, sent  # 2 x (13 values + 4 offsets) int64 plus the structure, not 1.2 MB
+    assert_same_batch(selected, pickle.loads(stream, buffers=buffers))

@@ -44,7 +44,6 @@ from verl.remote_backend.base import (
     supports_resume,
 )
 from verl.remote_backend.batch_ref import BatchRef
-from verl.remote_backend.wire import WireBatch, to_wire
 from verl.remote_backend.checkpoints import protected_checkpoint, resume_failure
 from verl.remote_backend.cpu_compat import install_flash_attn_fallback
 from verl.remote_backend.dispatch import make_forwarder_dispatch_fn
@@ -52,6 +51,7 @@ from verl.remote_backend.guard import BackendGuard
 from verl.remote_backend.output_checks import check_log_prob_output, check_update_output
 from verl.remote_backend.registry import RemoteBackendRegistry
 from verl.remote_backend.reliability import BackendError, BackendOutputError, ReliabilitySettings
+from verl.remote_backend.wire import WireBatch, to_wire
 from verl.remote_backend.worker_utils import (
     checkpoints_to_prune,
     compute_mfu,

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from verl.remote_backend.base import RemoteBackend
 from verl.remote_backend.batch_ref import BatchRef
 from verl.remote_backend.registry import RemoteBackendRegistry
+from verl.remote_backend.wire import to_wire
 
 from .local.config import EngineSettings
 from .local.transport import outputs_to_torch
@@ -142,9 +143,9 @@ class LocalBackend(RemoteBackend):
         if isinstance(data, BatchRef):
             payload = data.ref  # a top-level argument: Ray resolves it in the engine's process
         else:
-            # consolidate: the selected fields may be views into a larger received batch whose
-            # whole storage would otherwise be pickled along with them
-            payload = data.select(*[k for k in _FORWARD_KEYS if k in data.keys()]).consolidate()
+            # the wire format sends each tensor's own elements (the selected fields may be views
+            # into a larger received batch, whose whole storage a torch pickle would drag along)
+            payload = to_wire(data.select(*[k for k in _FORWARD_KEYS if k in data.keys()]))
         result = await _unwrap(
             self._live().compute_log_prob.remote(
                 payload, ref=ref, calculate_entropy=calculate_entropy, temperature=temperature
@@ -162,7 +163,7 @@ class LocalBackend(RemoteBackend):
         temperature: float,
     ) -> dict[str, Any]:
         cfg = self._actor_config(actor_config)  # config errors surface here, before data travels
-        payload = data.ref if isinstance(data, BatchRef) else data
+        payload = data.ref if isinstance(data, BatchRef) else to_wire(data)
         return await _unwrap(self._live().update_actor.remote(payload, actor_config=cfg, temperature=temperature))
 
     async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any]) -> dict[str, Any]:
