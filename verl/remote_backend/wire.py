@@ -13,8 +13,10 @@ which numpy cannot hold, nested tensors with holes) travels the ordinary way.
 
 Who uses it: the forwarder's dispatch (:mod:`verl.remote_backend.dispatch`)
 ``ray.put``\\ s ``to_wire(chunk)``; the forwarder wraps the per-token outputs it
-returns to the driver. Nothing else needs to know: unpickling yields the
-``TensorDict`` itself.
+returns to the driver; the local backend's client wraps a ``TensorDict`` it was
+handed directly, and its engine sends per-token outputs through
+:func:`tensor_to_numpy` (``local/transport.py``). Nothing else needs to know:
+unpickling yields the ``TensorDict`` itself.
 
 Pure module (torch, numpy, tensordict).
 """
@@ -76,28 +78,24 @@ def _pack(key: str, value: Any) -> Optional[_Leaf]:
     return (key, "dense", (tensor_to_numpy(value),), None) if numpy_able(value) else None
 
 
-def _unpack(kind: str, arrays: tuple[np.ndarray, ...], extra: Optional[dict[str, int]]) -> Any:
-    if kind == "dense":
-        return tensor_from_numpy(arrays[0])
+def _unpack(kind: str, arrays: tuple[np.ndarray, ...], extra: Optional[dict[str, int]]) -> torch.Tensor:
     if kind == "jagged":
         values, offsets = (tensor_from_numpy(a) for a in arrays)
         return torch.nested.nested_tensor_from_jagged(values, offsets=offsets, **(extra or {}))
-    return NonTensorData(tensor_from_numpy(arrays[0]))
+    return tensor_from_numpy(arrays[0])  # "dense", or the tensor of a "non_tensor" entry
 
 
 def _rebuild(batch_size: torch.Size, order: list[str], leaves: list[_Leaf], rest: TensorDict) -> TensorDict:
     """Unpickling side: the ``TensorDict`` again, entries in their original order."""
-    packed = {key: _unpack(kind, arrays, extra) for key, kind, arrays, extra in leaves}
+    packed = {key: (kind, _unpack(kind, arrays, extra)) for key, kind, arrays, extra in leaves}
     out = TensorDict({}, batch_size=batch_size)
     for key in order:
-        if key in packed:
-            value = packed[key]
-            if isinstance(value, NonTensorData):
-                out.set_non_tensor(key, value.data)
-            else:
-                out.set(key, value)
-        else:
+        if key not in packed:
             out.set(key, rest.get(key))
+        elif packed[key][0] == "non_tensor":
+            out.set_non_tensor(key, packed[key][1])
+        else:
+            out.set(key, packed[key][1])
     return out
 
 

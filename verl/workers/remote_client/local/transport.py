@@ -1,14 +1,13 @@
 """How per-token outputs travel from the engine actor to its client: as numpy arrays.
 
-Ray pickles a CPU ``torch.Tensor`` through ``torch.save`` into the message
-(copies in and out, ~2x slower than the data size warrants), while a numpy
-array goes out-of-band through the object store (pickle protocol 5). For
-``compute_log_prob`` results - two float32 ``[T]`` arrays, megabytes at RL batch
-sizes - the engine therefore sends numpy (:func:`outputs_to_numpy`) and the
-client turns them back into tensors (:func:`outputs_to_torch`), owning a
-private copy so nothing downstream holds read-only object-store memory.
+``compute_log_prob`` results are two float32 ``[T]`` tensors, megabytes at RL
+batch sizes; sent as numpy they go out-of-band through Ray's object store
+instead of through ``torch.save`` (see :mod:`verl.remote_backend.wire`, whose
+conversions these are). The engine sends numpy (:func:`outputs_to_numpy`) and
+the client turns them back into writable tensors (:func:`outputs_to_torch`), so
+nothing downstream holds read-only object-store memory.
 
-Pure module (torch + numpy; the conversions are :mod:`verl.remote_backend.wire`'s).
+Pure module (torch + numpy).
 """
 
 from __future__ import annotations
