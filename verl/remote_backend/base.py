@@ -2,8 +2,20 @@
 
 A backend owns the heavy compute (training, log-probs, sampling, weight sync);
 verl keeps the algorithm (data, rewards, advantages, the fit loop). The verl side
-talks to a backend only through the nine abstract methods below, plus two
-*optional capabilities* that the forwarder detects at run time:
+talks to a backend only through the nine abstract methods below, plus
+*optional capabilities* detected at start-up or at run time:
+
+* ``check_config(main_config) -> None`` (classmethod) - the backend's own
+  settings rules, run by config validation on the driver *before Ray starts*
+  (see :func:`check_backend_config`); raise ``ValueError`` naming the key, the
+  value and the fix. Use it for what the engine cannot do (an objective it
+  computes differently, a transport it does not support), so the run stops in
+  seconds instead of after a rollout.
+* ``checkpoint_problem(actor_dir, step) -> Optional[str]`` (classmethod) - what
+  is wrong with the backend's checkpoint in verl's ``global_step_<step>/actor``
+  folder (``None``: loadable). Resume validation calls it before Ray starts, so
+  a run that would resume from a checkpoint the backend cannot load stops with
+  :class:`~verl.remote_backend.reliability.ResumeCheckpointError`.
 
 * ``async load_checkpoint(path, step) -> None`` - resume support (see
   :func:`supports_resume`). A backend without it fails at start-up when
@@ -59,7 +71,15 @@ if TYPE_CHECKING:  # keep `import verl.remote_backend` light
     from omegaconf import DictConfig
     from tensordict import TensorDict
 
-__all__ = ["RemoteBackend", "BackendDevice", "supports_resume", "accepts_batch_refs", "backend_compute_seconds"]
+__all__ = [
+    "RemoteBackend",
+    "BackendDevice",
+    "supports_resume",
+    "accepts_batch_refs",
+    "backend_compute_seconds",
+    "check_backend_config",
+    "backend_checkpoint_problem",
+]
 
 
 @dataclass(frozen=True)
@@ -254,6 +274,19 @@ def supports_resume(backend: RemoteBackend | type[RemoteBackend]) -> bool:
     """True when ``backend`` implements the optional ``async load_checkpoint(path, step)``."""
     fn = getattr(backend, _CAPABILITY_LOAD, None)
     return fn is not None and inspect.iscoroutinefunction(fn)
+
+
+def check_backend_config(backend_cls: type[RemoteBackend], main_config: "DictConfig") -> None:
+    """Run the backend's optional ``check_config(main_config)`` classmethod (no-op without one)."""
+    fn = getattr(backend_cls, "check_config", None)
+    if fn is not None:
+        fn(main_config)
+
+
+def backend_checkpoint_problem(backend_cls: type[RemoteBackend], actor_dir: str, step: Optional[int]) -> Optional[str]:
+    """The backend's optional ``checkpoint_problem(actor_dir, step)`` verdict (``None`` without one)."""
+    fn = getattr(backend_cls, "checkpoint_problem", None)
+    return None if fn is None else fn(actor_dir, step)
 
 
 _CAPABILITY_BATCH_REFS = "accepts_batch_refs"

@@ -39,6 +39,7 @@ __all__ = [
     "checkpoint_problem",
     "check_resume_checkpoint",
     "resume_failure",
+    "step_of",
 ]
 
 #: verl's tracker of the last *completed* checkpoint (written after everything else).
@@ -105,7 +106,8 @@ def complete_checkpoints(root: str, *, before: Optional[int] = None) -> list[str
     ]
 
 
-def _step_of(step_dir: str) -> Optional[int]:
+def step_of(step_dir: str) -> Optional[int]:
+    """``N`` of a ``.../global_step_<N>`` folder, or ``None`` for another name."""
     m = _STEP_DIR.match(os.path.basename(os.path.normpath(step_dir)))
     return int(m.group(1)) if m else None
 
@@ -114,7 +116,7 @@ def resume_failure(step_dir: str, problem: str) -> ResumeCheckpointError:
     """The error for a resume that cannot proceed, listing complete earlier checkpoints and the fixes."""
     step_dir = os.path.abspath(step_dir)
     root = os.path.dirname(step_dir)
-    earlier = complete_checkpoints(root, before=_step_of(step_dir))
+    earlier = complete_checkpoints(root, before=step_of(step_dir))
     if earlier:
         fix = (
             f"complete earlier checkpoints: {earlier[:3]}. Resume from the newest with "

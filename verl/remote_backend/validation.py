@@ -20,8 +20,8 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
-from verl.remote_backend.base import RemoteBackend, supports_resume
-from verl.remote_backend.checkpoints import checkpoint_problem, resume_failure, tracker_target_problem
+from verl.remote_backend.base import RemoteBackend, backend_checkpoint_problem, check_backend_config, supports_resume
+from verl.remote_backend.checkpoints import checkpoint_problem, resume_failure, step_of, tracker_target_problem
 from verl.remote_backend.registry import RemoteBackendRegistry
 from verl.remote_backend.reliability import ReliabilitySettings
 
@@ -362,6 +362,12 @@ def validate_remote_backend_config(config: "DictConfig", *, check_resume: bool =
             f"{exc}. Fix: see the commented remote_backend.timeouts/liveness/retry block in remote_ppo_trainer.yaml"
         ) from None
     _check_context(config, name, _check_model_path(config))
+    try:
+        check_backend_config(backend_cls, config)
+    except RemoteBackendConfigError:
+        raise
+    except ValueError as exc:  # the backend's own rule: its message names the key and the fix
+        raise RemoteBackendConfigError(str(exc)) from None
 
     resume_from = _find_resume_checkpoint(config) if check_resume else None
     if resume_from is not None and not supports_resume(backend_cls):
@@ -374,7 +380,9 @@ def validate_remote_backend_config(config: "DictConfig", *, check_resume: bool =
             "at an empty directory",
         )
     if resume_from is not None:
-        problem = checkpoint_problem(resume_from, checksums=False)
+        problem = checkpoint_problem(resume_from, checksums=False) or backend_checkpoint_problem(
+            backend_cls, os.path.join(resume_from, "actor"), step_of(resume_from)
+        )
         if problem is not None:
             raise resume_failure(resume_from, problem)
     return RemoteRunPlan(

@@ -15,13 +15,15 @@ load_checkpoint        ``load_checkpoint(path, step)`` (/load-checkpoint) + weig
 from_config/destroy    job creation (/initialize) and teardown (/destroy)
 =====================  ==========================================================
 
-Transports: ``protocol=http`` uses the client's blocking frontend
-(``ArcticRLClient``) on a private thread pool, because its ``requests``
-transport keeps the server's error body (the ``aiohttp`` one of the async
-frontend drops it, and the server's ``detail`` belongs in our errors);
-``protocol=ray`` awaits ``AsyncArcticRLClient`` directly. Either way the calling
-event loop never blocks. Payload mapping is in :mod:`.arctic.payload` /
-:mod:`.arctic.bodies`, config in :mod:`.arctic.config`.
+Transport: HTTP only, through the client's blocking frontend (``ArcticRLClient``)
+on private thread pools, because its ``requests`` transport keeps the server's
+error body (the ``aiohttp`` one of the async frontend drops it, and the server's
+``detail`` belongs in our errors); the calling event loop never blocks.
+``generate`` calls get a pool (and HTTP connection pool) as large as the
+sampler's ``max_num_seqs``, so concurrent rollouts reach vLLM as one batch.
+The client's Ray transport is refused at start-up (see :mod:`.arctic.config`).
+Payload mapping is in :mod:`.arctic.payload` / :mod:`.arctic.bodies`, config in
+:mod:`.arctic.config`, the checkpoint format in :mod:`.arctic.checkpoint`.
 
 Failures: no call is retried. ``fwd_bwd`` and ``step`` change the model and
 must never be re-sent blindly, so every transport error surfaces at once as an
@@ -48,14 +50,29 @@ import arctic_platform.client as arctic_client  # noqa: F401  (fails early with 
 
 from verl.remote_backend.base import BackendDevice, RemoteBackend
 from verl.remote_backend.registry import RemoteBackendRegistry
+from verl.remote_backend.reliability import ResumeCheckpointError
 from verl.workers.remote_client.arctic import bodies
+from verl.workers.remote_client.arctic import checkpoint as arctic_checkpoint
 from verl.workers.remote_client.arctic.config import ArcticConfig, ConfigError, load_arctic_config
-from verl.workers.remote_client.arctic.derive import build_client_config, check_loss_compatibility, resolved_log_prob_gpus
+from verl.workers.remote_client.arctic.derive import (
+    build_client_config,
+    check_loss_compatibility,
+    derive_ds_config,
+    derive_vllm_config,
+    optimizer_steps_per_global_step,
+    resolved_log_prob_gpus,
+)
 from verl.workers.remote_client.arctic.errors import ArcticResponseError, probe_health, require, require_tensor, translate_error
 from verl.workers.remote_client.arctic.generation import get_path as _get
 from verl.workers.remote_client.arctic.generation import load_tokenizer, parse_result, prompt_text
 from verl.workers.remote_client.arctic.launcher import ServerProcess, launch_server
-from verl.workers.remote_client.arctic.payload import aggregate_update_metrics, dense_to_packed, map_step_metrics, reduce_metric
+from verl.workers.remote_client.arctic.payload import (
+    aggregate_update_metrics,
+    dense_to_packed,
+    map_step_metrics,
+    reduce_metric,
+    token_aligned_to_predict_next,
+)
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -81,7 +98,6 @@ class ArcticBackend(RemoteBackend):
         *,
         owner: bool,
         server: Optional[ServerProcess] = None,
-        server_state: Any = None,
         server_log: Optional[str] = None,
     ) -> None:
         self._main = main_config
@@ -89,14 +105,15 @@ class ArcticBackend(RemoteBackend):
         self._client = client
         self._owner = owner
         self._server = server
-        self._server_state = server_state
         # Log file of a server this backend launched (travels in the handle, for liveness errors).
         self._server_log = server_log or (server.log_path if server is not None else None)
-        self._sync = cfg.protocol == "http"
         self._address = f"{cfg.host}:{cfg.port}"
         # The limit in force is the client's (a re-attached handle may carry its own).
         self._timeout_s = float(getattr(getattr(client, "config", None), "request_timeout", cfg.request_timeout_s))
-        self._executor: Optional[ThreadPoolExecutor] = None
+        self._executor: Optional[ThreadPoolExecutor] = None  # training/control calls (one at a time)
+        self._gen_executor: Optional[ThreadPoolExecutor] = None  # generate calls (many at a time)
+        self._gen_concurrency = int(cfg.generate.max_concurrency or derive_vllm_config(main_config, cfg)["max_num_seqs"])
+        self._mini_batch_rows = int(derive_ds_config(main_config, cfg, n_gpus=int(cfg.training_gpus))["train_batch_size"])
         self._tokenizer = None
         self._sampler_awake = True
         self._policy_version = 0
@@ -112,19 +129,14 @@ class ArcticBackend(RemoteBackend):
         and creates the training, sampling and (when needed) log-prob jobs.
         Re-attaching reuses the job ids in the handle and creates nothing.
         """
-        from arctic_platform.client import ArcticClientConfig, ArcticRLClient, AsyncArcticRLClient
+        from arctic_platform.client import ArcticClientConfig, ArcticRLClient
 
         cfg = load_arctic_config(main_config)
         server: Optional[ServerProcess] = None
         if handle is None:
-            problems = check_loss_compatibility(main_config, cfg)
-            if problems:
-                msg = "verl's actor objective differs from Arctic's server loss: " + "; ".join(problems)
-                if cfg.strict_loss_check:
-                    raise ConfigError(msg + ". Fix the actor config or set remote_backend.arctic.strict_loss_check=false.")
-                logger.warning(msg)
+            cls.check_config(main_config)
             client_cfg = build_client_config(main_config, cfg)
-            if cfg.protocol == "http" and cfg.launch_server:
+            if cfg.launch_server:
                 server = launch_server(
                     host=cfg.host,
                     port=cfg.port,
@@ -136,42 +148,49 @@ class ArcticBackend(RemoteBackend):
                     startup_timeout_s=cfg.startup_timeout_s,
                     log_dir=client_cfg.training.checkpoint_path,
                 )
-            server_state = None
             server_log = None  # taken from the launched server, if any
         else:
             if not isinstance(handle, dict) or handle.get("backend") != "arctic" or "client_config" not in handle:
                 raise ValueError("handle is not an arctic-backend handle (expected the dict from ArcticBackend.reconnect_handle())")
             client_cfg = ArcticClientConfig.model_validate(handle["client_config"])
-            server_state = handle.get("server_state")
             server_log = handle.get("server_log")
         try:
-            if cfg.protocol == "http":
-                probe_health(cfg.host, cfg.port, cfg.connect_timeout_s)
-                client = ArcticRLClient(client_cfg)
-            else:
-                client = AsyncArcticRLClient(client_cfg, server_state=server_state)
+            probe_health(cfg.host, cfg.port, cfg.connect_timeout_s)
+            client = ArcticRLClient(client_cfg)
         except Exception as exc:
             if server is not None:
                 server.stop()
             raise translate_error(exc, op="initialize", address=f"{cfg.host}:{cfg.port}") from exc
-        if handle is None and cfg.protocol == "ray":
-            server_state = client.get_server_state()
-        return cls(
-            main_config,
-            cfg,
-            client,
-            owner=handle is None,
-            server=server,
-            server_state=server_state,
-            server_log=server_log,
-        )
+        return cls(main_config, cfg, client, owner=handle is None, server=server, server_log=server_log)
+
+    @classmethod
+    def check_config(cls, main_config: "DictConfig") -> None:
+        """Refuse, before Ray starts, what Arctic's server cannot train as verl would (optional capability).
+
+        Raises:
+            ConfigError: an invalid ``remote_backend.arctic`` key, a derived DeepSpeed batch layout
+                that does not divide, or (with ``strict_loss_check``) an actor setting whose objective
+                Arctic's ``verl_grpo`` loss computes differently - naming the key, the value and the fix.
+        """
+        cfg = load_arctic_config(main_config)
+        derive_ds_config(main_config, cfg, n_gpus=int(cfg.training_gpus))
+        problems = check_loss_compatibility(main_config, cfg)
+        if problems:
+            msg = "verl's actor objective differs from Arctic's server loss: " + "; ".join(problems)
+            if cfg.strict_loss_check:
+                raise ConfigError(msg + ". Fix the actor config or set remote_backend.arctic.strict_loss_check=false.")
+            logger.warning(msg)
+
+    @classmethod
+    def checkpoint_problem(cls, actor_dir: str, step: Optional[int]) -> Optional[str]:
+        """Resume validation: is verl's step ``step`` an Arctic checkpoint the server can load? (optional capability)"""
+        return arctic_checkpoint.checkpoint_problem(actor_dir, step)
 
     def reconnect_handle(self) -> dict[str, Any]:
-        """Job ids + connection settings (JSON) and, for Ray, the server-state actor handle."""
+        """Job ids + connection settings (JSON) and the launched server's log file."""
         return {
             "backend": "arctic",
             "client_config": self._live_client().reconnect_config().model_dump(mode="json"),
-            "server_state": self._server_state,
             "server_log": self._server_log,
         }
 
@@ -184,22 +203,18 @@ class ArcticBackend(RemoteBackend):
                 transport.timeout = min(float(transport.timeout), _TEARDOWN_TIMEOUT_S)
             try:
                 if self._owner:
-                    if self._sync:
-                        await asyncio.get_running_loop().run_in_executor(None, client.shutdown)
-                    else:
-                        await client.shutdown()
-                elif self._sync:
-                    client.transport.session.close()
+                    await asyncio.get_running_loop().run_in_executor(None, client.shutdown)
                 else:
-                    await client.transport.aclose()
+                    client.transport.session.close()
             except Exception as exc:  # destroy runs in `finally` blocks: report, do not mask the first error
                 logger.warning("arctic: tearing down the client failed: %s", translate_error(exc, op="destroy", address=self._address))
         if self._server is not None:
             self._server.stop()
             self._server = None
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            self._executor = None
+        for executor in (self._executor, self._gen_executor):
+            if executor is not None:
+                executor.shutdown(wait=False, cancel_futures=True)
+        self._executor = self._gen_executor = None
 
     def requires_single_forwarder(self) -> bool:
         return True  # Arctic owns training/sampling parallelism; verl runs one CPU forwarder
@@ -227,6 +242,8 @@ class ArcticBackend(RemoteBackend):
             "fwd_no_grad", {"batch": batch, "meta": meta}, processing=bodies.forward_processing(), reference_model=ref, op=op
         )
         out = require(resp, "batch", op=op)
+        if self.cfg.zorro.train:  # ZoRRo answers token-aligned (column t = log p(token t)); verl wants predict-next
+            out = {k: token_aligned_to_predict_next(v) if k in ("logprobs", "entropy") else v for k, v in out.items()}
         model_output = {"log_probs": self._packed(out, "logprobs", mask, op)}
         if calculate_entropy:
             model_output["entropy"] = self._packed(out, "entropy", mask, op)
@@ -248,6 +265,13 @@ class ArcticBackend(RemoteBackend):
         entropy = bodies.non_tensor(data, "calculate_entropy", None)
         entropy = bool(float(get("entropy_coeff", 0.0) or 0.0) != 0.0 if entropy is None else entropy)
         meta = self._meta(data, rollout_n, temperature, entropy, pad_token_id)
+        if int(mini) != self._mini_batch_rows:
+            raise ConfigError(
+                f"verl sent PPO mini-batches of {int(mini)} samples, but Arctic's DeepSpeed job was created for "
+                f"{self._mini_batch_rows} samples per optimizer step (actor_rollout_ref.actor.ppo_mini_batch_size x "
+                "rollout.n); the server would split them into the wrong micro-batches. Fix: keep "
+                "ppo_mini_batch_size and rollout.n as they were when the backend started"
+            )
         minibatches = bodies.update_minibatches(
             data,
             arctic=self.cfg,
@@ -304,7 +328,7 @@ class ArcticBackend(RemoteBackend):
         }
         if sampling_params.get("repetition_penalty") is not None:
             params["repetition_penalty"] = float(sampling_params["repetition_penalty"])
-        results = await self._call("generate", [text], params, op="generate")
+        results = await self._call("generate", [text], params, op="generate", concurrent=True)
         if not isinstance(results, list) or len(results) != 1:
             raise ArcticResponseError(f"Arctic generate: expected a list with 1 result, got {type(results).__name__} {results!r:.200}")
         result = results[0]
@@ -318,23 +342,44 @@ class ArcticBackend(RemoteBackend):
         return {"policy_version": self._policy_version}
 
     async def save_checkpoint(self, path: Optional[str] = None, step: Optional[int] = None) -> Optional[str]:
-        """DeepSpeed checkpoint (weights, optimizer, scheduler, step) in ``<path>/checkpoint-<step>``."""
+        """DeepSpeed checkpoint (weights, optimizer, scheduler, step) in ``<path>/checkpoint-<step>``; the
+        server's reported ``global_step`` is recorded beside it (:mod:`.arctic.checkpoint`) for resume."""
         resp = await self._call("save_checkpoint", path=path, step=step, export_hf=self.cfg.export_hf, op="save_checkpoint")
+        if path is not None:
+            arctic_checkpoint.write_record(path, step, resp)
         return resp.get("path") if isinstance(resp, dict) else None
 
     async def load_checkpoint(self, path: Optional[str] = None, step: Optional[int] = None) -> None:
-        """Restore ``<path>/checkpoint-<step>`` (or ``<path>``'s ``latest``), then sync the sampler."""
+        """Restore ``<path>/checkpoint-<step>``, prove the server restored it, then sync the sampler.
+
+        Raises:
+            ResumeCheckpointError: the server reports a DeepSpeed ``global_step`` other than the one
+                recorded when verl's ``step`` was saved (or, without a record, ``step`` x optimizer
+                steps per verl step) - including its HTTP 200 with ``global_step: 0`` when DeepSpeed
+                found nothing to load.
+        """
         resp = await self._call("load_checkpoint", path, step=step, op="load_checkpoint")
-        if isinstance(resp, dict) and step is not None and resp.get("global_step") is not None:
-            logger.info("arctic: restored %s (engine step %s)", resp.get("path"), resp.get("global_step"))
+        got = resp.get("global_step") if isinstance(resp, dict) else None
+        if step is not None:
+            expected = arctic_checkpoint.recorded_engine_step(path, step) if path is not None else None
+            if expected is None:
+                expected = int(step) * optimizer_steps_per_global_step(self._main)
+            if got is None or int(got) != expected:
+                where = resp.get("path") if isinstance(resp, dict) else None
+                raise ResumeCheckpointError(
+                    f"Arctic RL server at {self._address} did not restore verl's step {step} from {where or path}: it "
+                    f"reports DeepSpeed global_step={got}, expected {expected} (global_step 0 means DeepSpeed found "
+                    "nothing to load and the model kept its initial weights). Check that the server sees "
+                    "trainer.default_local_dir, or resume from another checkpoint with trainer.resume_mode=resume_path "
+                    "trainer.resume_from_path=<global_step_N folder>, or start over with trainer.resume_mode=disable"
+                )
+        logger.info("arctic: restored %s (DeepSpeed global_step %s)", resp.get("path") if isinstance(resp, dict) else path, got)
         await self.update_weights()
 
     # ------------------------------------------------------------ liveness (optional capabilities)
     async def health(self) -> None:
         """One ``GET /health`` (HTTP), no retry: the caller's watchdog decides. Raises when the
-        server does not answer 200. With ``protocol=ray`` Ray reports a dead server actor itself."""
-        if not self._sync:
-            return
+        server does not answer 200."""
         import requests
 
         url = f"http://{self._address}/health"
@@ -360,18 +405,28 @@ class ArcticBackend(RemoteBackend):
             raise RuntimeError("the arctic backend was destroyed")
         return self._client
 
-    async def _call(self, method: str, *args: Any, op: str, **kwargs: Any) -> Any:
-        """Run ``client.<method>`` without blocking the loop; translate failures."""
+    async def _call(self, method: str, *args: Any, op: str, concurrent: bool = False, **kwargs: Any) -> Any:
+        """Run ``client.<method>`` on a worker thread (the generate pool when ``concurrent``); translate failures."""
         fn = getattr(self._live_client(), method)
         try:
-            if self._sync:
-                if self._executor is None:
-                    self._executor = ThreadPoolExecutor(self.cfg.generate.max_concurrency + 1, thread_name_prefix="arctic")
-                call = functools.partial(fn, *args, **kwargs)
-                return await asyncio.get_running_loop().run_in_executor(self._executor, call)
-            return await fn(*args, **kwargs)
+            call = functools.partial(fn, *args, **kwargs)
+            return await asyncio.get_running_loop().run_in_executor(self._pool(concurrent), call)
         except Exception as exc:
             raise translate_error(exc, op=op, address=self._address, timeout_s=self._timeout_s) from exc
+
+    def _pool(self, concurrent: bool) -> ThreadPoolExecutor:
+        if not concurrent:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(2, thread_name_prefix="arctic")
+            return self._executor
+        if self._gen_executor is None:
+            import requests.adapters
+
+            # as many pooled HTTP connections as requests in flight (requests' default keeps 10)
+            adapter = requests.adapters.HTTPAdapter(pool_connections=1, pool_maxsize=self._gen_concurrency)
+            self._live_client().transport.session.mount("http://", adapter)
+            self._gen_executor = ThreadPoolExecutor(self._gen_concurrency, thread_name_prefix="arctic-generate")
+        return self._gen_executor
 
     async def _sleep_sampler(self) -> None:
         """Colocated: free the sampler's GPU memory before training work (update_weights wakes it)."""
@@ -381,6 +436,15 @@ class ArcticBackend(RemoteBackend):
 
     def _meta(self, data: "TensorDict", rollout_n: int, temperature: float, entropy: bool, pad_token_id: int) -> dict:
         prompts, mask = data["prompts"], data["attention_mask"]
+        response_width = mask.shape[1] - prompts.shape[1]
+        zorro_width = int(_get(self._main, "data.max_response_length", response_width))
+        if self.cfg.zorro.train and response_width != zorro_width:
+            # ZoRRo's model was built for response_len = data.max_response_length (derive_ds_worker_config)
+            raise ConfigError(
+                f"remote_backend.arctic.zorro.train=true needs batches whose response width equals "
+                f"data.max_response_length={zorro_width}, got {response_width}; keep rollout.response_length "
+                "equal to data.max_response_length, or set zorro.train=false"
+            )
         return bodies.base_meta(
             self.cfg,
             rollout_n=rollout_n,

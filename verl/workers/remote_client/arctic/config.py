@@ -47,7 +47,7 @@ class WeightSyncConfig:
 @dataclass
 class GenerateConfig:
     add_special_tokens: bool = True
-    max_concurrency: int = 8
+    max_concurrency: Optional[int] = None
 
 
 @dataclass
@@ -104,8 +104,15 @@ class ArcticConfig:
     def validate(self) -> None:
         """Reject impossible settings early, naming the key and the fix."""
         p = "remote_backend.arctic"
-        if self.protocol not in ("http", "ray"):
-            raise ConfigError(f"{p}.protocol must be 'http' or 'ray', got {self.protocol!r}")
+        if self.protocol == "ray":
+            raise ConfigError(
+                f"{p}.protocol='ray' is not supported: this adapter is tested end to end only over HTTP against "
+                "Arctic's own server code, and Arctic's Ray transport starts a server in-process that cannot be "
+                f"checked here. Fix: set {p}.protocol=http (and {p}.launch_server=true to have the backend start "
+                "`python -m arctic_platform.common.http_server` itself)"
+            )
+        if self.protocol != "http":
+            raise ConfigError(f"{p}.protocol must be 'http', got {self.protocol!r}")
         if self.launch_server and self.protocol != "http":
             raise ConfigError(f"{p}.launch_server=true needs {p}.protocol=http (the Ray transport starts its own server)")
         if self.training_gpus < 1:
@@ -123,7 +130,7 @@ class ArcticConfig:
         for name in ("connect_timeout_s", "request_timeout_s", "startup_timeout_s", "job_ready_timeout_s"):
             if float(getattr(self, name)) <= 0:
                 raise ConfigError(f"{p}.{name} must be > 0, got {getattr(self, name)}")
-        if self.generate.max_concurrency < 1:
+        if self.generate.max_concurrency is not None and self.generate.max_concurrency < 1:
             raise ConfigError(f"{p}.generate.max_concurrency must be >= 1, got {self.generate.max_concurrency}")
 
 

@@ -45,6 +45,8 @@ __all__ = [
     "resolved_log_prob_gpus",
     "build_client_config",
     "check_loss_compatibility",
+    "SUPPORTED_AGG_MODES",
+    "optimizer_steps_per_global_step",
 ]
 
 
@@ -55,7 +57,8 @@ def needs_reference(main_config: "DictConfig") -> bool:
     )
 
 
-def _optimizer_steps_per_global_step(main_config: "DictConfig") -> int:
+def optimizer_steps_per_global_step(main_config: "DictConfig") -> int:
+    """DeepSpeed optimizer steps per verl global step: ``train_batch_size / ppo_mini_batch_size x ppo_epochs``."""
     train_bs = int(_select(main_config, "data.train_batch_size", 1))
     mini_bs = int(_select(main_config, "actor_rollout_ref.actor.ppo_mini_batch_size", train_bs))
     epochs = int(_select(main_config, "actor_rollout_ref.actor.ppo_epochs", 1))
@@ -75,6 +78,17 @@ def derive_ds_config(main_config: "DictConfig", arctic: ArcticConfig, *, n_gpus:
     rollout_n = int(_select(main_config, "actor_rollout_ref.rollout.n", 1))
     mini_bs = int(_select(main_config, f"{actor}.ppo_mini_batch_size", 1)) * rollout_n
     micro = int(arctic.micro_batch_size or _select(main_config, f"{actor}.ppo_micro_batch_size_per_gpu", 1) or 1)
+    if _select(main_config, f"{actor}.loss_agg_mode", "token-mean") == "seq-mean-token-mean":
+        # The server's loss sees each micro-batch as one packed row [1, T]: its per-sequence mean is a
+        # per-micro-batch mean. With one sequence per micro-batch the two coincide.
+        if arctic.micro_batch_size not in (None, 1):
+            raise ConfigError(
+                f"remote_backend.arctic.micro_batch_size={arctic.micro_batch_size} with "
+                f"{actor}.loss_agg_mode=seq-mean-token-mean: Arctic's verl_grpo loss averages each micro-batch as "
+                "one sequence, so only micro_batch_size=1 trains verl's objective. Fix: set "
+                "remote_backend.arctic.micro_batch_size=null (or 1), or use loss_agg_mode=token-mean"
+            )
+        micro = 1
     if mini_bs % (micro * n_gpus) != 0:
         raise ConfigError(
             f"ppo_mini_batch_size x rollout.n = {mini_bs} samples per optimizer step is not divisible by "
@@ -128,7 +142,7 @@ def _derive_scheduler(main_config: "DictConfig", lr: float) -> Optional[dict]:
                 f"{optim}.total_training_steps nor trainer.total_training_steps is set"
             )
         warmup = int(ratio * total)
-    per_step = _optimizer_steps_per_global_step(main_config)
+    per_step = optimizer_steps_per_global_step(main_config)
     warmup_opt = max(0, warmup) * per_step
     if kind == "cosine":
         if total <= 0:
@@ -274,16 +288,31 @@ def build_client_config(main_config: "DictConfig", arctic: ArcticConfig) -> "Arc
 
 # Actor settings Arctic 0.1.4's server-side "verl_grpo" loss reads or hard-codes.
 _VERL_GRPO_FIXED = {"clip_ratio": 0.2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 3.0}
-_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean")
+#: loss_agg_mode values that train verl's objective on Arctic's server (see the README's matrix).
+SUPPORTED_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+_KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "kl+", "k1+", "abs+", "low_var_kl+", "k3+")
 
 
 def check_loss_compatibility(main_config: "DictConfig", arctic: ArcticConfig) -> list[str]:
-    """Differences between verl's configured objective and Arctic's server loss.
+    """Settings for which Arctic's server loss would not train verl's configured objective.
 
-    Arctic 0.1.4's ``verl_grpo`` loss implements verl's *vanilla* PPO clip with
-    fixed clip ratios (0.2 / 0.2, dual-clip 3.0), verl's loss aggregation modes,
-    entropy bonus and KL loss. Returns one message per mismatch (empty: the
-    objectives agree); the backend raises on any when ``strict_loss_check``.
+    Arctic 0.1.4's ``verl_grpo`` loss runs on each micro-batch packed into one row
+    ``[1, T]`` (prompt + response tokens, all sequences). It implements verl's
+    *vanilla* PPO clip with fixed clip ratios (0.2 / 0.2, dual-clip 3.0) and the
+    KL loss; measured against verl's objective on Arctic's own code
+    (``tests/test_arctic_parity.py``):
+
+    * ``token-mean`` and ``seq-mean-token-sum`` match; ``seq-mean-token-mean``
+      matches with one sequence per micro-batch (:func:`derive_ds_config` sets it);
+    * ``seq-mean-token-sum-norm`` divides by the packed length ``T`` where verl
+      divides by the response width, and the server fixes ``loss_scale_factor``;
+    * the entropy bonus pairs each response token with the entropy of the
+      distribution *after* it (the server shifts log-probs to the tokens but not
+      entropy), unless ZoRRo computes both token-aligned (``zorro.train``);
+    * ``kl_loss_type=full`` is not implemented by the server.
+
+    Returns one message per mismatch (key, value, why, what works); empty when the
+    objectives agree. ``ArcticBackend.check_config`` refuses any before Ray starts.
     """
     if arctic.loss_fn != "verl_grpo":
         return []
@@ -297,10 +326,25 @@ def check_loss_compatibility(main_config: "DictConfig", arctic: ArcticConfig) ->
         if value is not None and abs(float(value) - fixed) > 1e-12:
             problems.append(f"{actor}.{key}={value} (Arctic's verl_grpo loss uses {fixed})")
     agg = _select(main_config, f"{actor}.loss_agg_mode", "token-mean")
-    if agg not in _AGG_MODES:
-        problems.append(f"{actor}.loss_agg_mode={agg!r} (Arctic supports {list(_AGG_MODES)})")
+    if agg not in SUPPORTED_AGG_MODES:
+        why = (
+            "the server divides by the packed micro-batch length instead of verl's response width"
+            if agg == "seq-mean-token-sum-norm"
+            else "unknown to Arctic's verl_grpo loss"
+        )
+        problems.append(f"{actor}.loss_agg_mode={agg!r}: {why} (supported: {list(SUPPORTED_AGG_MODES)})")
     if _select(main_config, f"{actor}.loss_scale_factor", None) is not None:
         problems.append(f"{actor}.loss_scale_factor is set (Arctic's verl_grpo loss ignores it)")
+    entropy_coeff = float(_select(main_config, f"{actor}.entropy_coeff", 0.0) or 0.0)
+    if entropy_coeff != 0.0 and not arctic.zorro.train:
+        problems.append(
+            f"{actor}.entropy_coeff={entropy_coeff}: without ZoRRo Arctic's loss weights the entropy of the "
+            "position after each response token (set entropy_coeff=0, or remote_backend.arctic.zorro.train=true)"
+        )
+    if bool(_select(main_config, f"{actor}.use_kl_loss", False)):
+        kl_type = str(_select(main_config, f"{actor}.kl_loss_type", "low_var_kl"))
+        if kl_type not in _KL_TYPES:
+            problems.append(f"{actor}.kl_loss_type={kl_type!r} (Arctic's verl_grpo loss implements {list(_KL_TYPES)})")
     return problems
 
 

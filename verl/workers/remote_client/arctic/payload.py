@@ -44,6 +44,7 @@ __all__ = [
     "row_lengths",
     "njt_to_dense",
     "dense_to_packed",
+    "token_aligned_to_predict_next",
     "response_to_full",
     "full_to_response",
     "minibatch_indices",
@@ -156,6 +157,21 @@ def dense_to_packed(dense: torch.Tensor, attention_mask: torch.Tensor, *, name: 
         bad = int((~torch.isfinite(packed)).sum())
         raise PayloadError(f"{name}: {bad} non-finite value(s) at real-token positions")
     return packed
+
+
+def token_aligned_to_predict_next(dense: torch.Tensor) -> torch.Tensor:
+    """ZoRRo's token-aligned ``[B, S]`` output -> the predict-next layout :func:`dense_to_packed` reads.
+
+    With ``zorro.train`` the server answers ``logprobs`` / ``entropy`` with column ``t`` holding the
+    value *of* token ``t`` (``log p(x[t] | x[:t])``, response columns only). Predict-next column
+    ``t`` holds the value of token ``t + 1``, so every row moves one column left; the last column
+    (never a real token's slot once :func:`dense_to_packed` zeroes each row's last slot) gets 0.
+    """
+    if not torch.is_tensor(dense) or dense.dim() != 2:
+        return dense  # the shape check of dense_to_packed names the problem
+    shifted = torch.zeros_like(dense)
+    shifted[:, :-1] = dense[:, 1:]
+    return shifted
 
 
 def response_to_full(response: torch.Tensor, prompt_width: int, *, name: str = "tensor") -> torch.Tensor:
