@@ -55,7 +55,6 @@ def env(tmp_path_factory):
         [
             "actor_rollout_ref.actor.use_kl_loss=true",
             "actor_rollout_ref.actor.kl_loss_coef=0.1",
-            "actor_rollout_ref.actor.entropy_coeff=0.01",
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
         ],
     )
@@ -130,30 +129,16 @@ def test_log_prob_parity_with_local(env, ref):
     assert a["device"]["type"] == "cpu"
 
 
-def test_update_parity_with_local(env):
-    """Same batch, 2 epochs x 2 shuffled mini-batches (4 optimizer steps), KL loss + entropy bonus."""
+def test_update_with_mini_batches_other_than_the_jobs_is_refused_naming_the_keys(env):
+    """DeepSpeed's job was created for ppo_mini_batch_size x rollout.n rows per step; other sizes would be split
+    into the wrong micro-batches on the server, so the adapter refuses them before sending anything."""
+    from verl.workers.remote_client.arctic.config import ConfigError
+
     data = batch(env, seed=1)
-    tu.assign_non_tensor(
-        data, mini_batch_size=2, epochs=2, seed=5, dataloader_kwargs={"shuffle": True}, calculate_entropy=True, global_batch_size=2
-    )
-    outs = {}
-    for name in ("arctic", "local"):
-        outs[name] = run(
-            env[name].update_actor(
-                data.copy(), actor_config=env["actor"], pad_token_id=env["tok"].pad_token_id, rollout_n=2, temperature=TEMPERATURE
-            )
-        )
-    a, b = outs["arctic"], outs["local"]
-    assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-6)
-    for key in ("pg_loss", "kl_loss", "grad_norm"):
-        assert len(a["metrics"][key]) == 4
-        assert a["metrics"][key] == pytest.approx(b["metrics"][key], rel=1e-4, abs=1e-6), key
-    assert a["metrics"]["lr"] == pytest.approx(b["metrics"]["lr"])
-    assert a["global_token_num"] == data["input_ids"].offsets().diff().tolist()
-    # Identical parameter updates => identical log-probs afterwards.
-    after = batch(env, seed=2)
-    la, lb = log_probs(env["arctic"], after, env), log_probs(env["local"], after, env)
-    assert (la["model_output"]["log_probs"] - lb["model_output"]["log_probs"]).abs().max() <= 1e-5
+    tu.assign_non_tensor(data, mini_batch_size=2, epochs=1, seed=5, dataloader_kwargs={"shuffle": False})
+    with pytest.raises(ConfigError, match=r"mini-batches of 2 samples.*created for 4 samples.*ppo_mini_batch_size"):
+        run(env["arctic"].update_actor(data, actor_config=env["actor"], pad_token_id=env["tok"].pad_token_id,
+                                       rollout_n=2, temperature=TEMPERATURE))  # fmt: skip
 
 
 def test_generate_token_ids_in_and_out_match_local(env):
@@ -186,7 +171,11 @@ def test_checkpoint_save_and_load_restore_weights(env):
     data = batch(env, seed=3)
     actor_dir = str(env["root"] / "ckpt" / "global_step_3" / "actor")
     path = run(env["arctic"].save_checkpoint(actor_dir, 3))
-    assert path == os.path.join(actor_dir, "checkpoint-3") and os.path.isfile(os.path.join(path, "manifest.json"))
+    # DeepSpeed's layout, written by Arctic's worker: checkpoint-3/latest -> global_step<K>/mp_rank_00_model_states.pt
+    assert path == os.path.join(actor_dir, "checkpoint-3")
+    tag = open(os.path.join(path, "latest")).read().strip()
+    assert tag.startswith("global_step") and os.path.isfile(os.path.join(path, tag, "mp_rank_00_model_states.pt"))
+    assert type(env["arctic"]).checkpoint_problem(actor_dir, 3) is None
     before = log_probs(env["arctic"], data, env)["model_output"]["log_probs"]
     tu.assign_non_tensor(data, mini_batch_size=4, epochs=1, seed=0, dataloader_kwargs={"shuffle": False})
     run(env["arctic"].update_actor(data.copy(), actor_config=env["actor"], pad_token_id=env["tok"].pad_token_id, rollout_n=2, temperature=1.0))
@@ -195,6 +184,18 @@ def test_checkpoint_save_and_load_restore_weights(env):
     run(env["arctic"].load_checkpoint(actor_dir, 3))
     restored = log_probs(env["arctic"], data, env)["model_output"]["log_probs"]
     assert torch.equal(restored, before)
+
+
+def test_resume_the_server_cannot_satisfy_fails_instead_of_training_from_scratch(env, tmp_path):
+    """Arctic answers /load-checkpoint with HTTP 200 and global_step 0 when DeepSpeed finds nothing;
+    the adapter turns that into ResumeCheckpointError, and the driver-side check names the missing file."""
+    from verl.remote_backend.reliability import ResumeCheckpointError
+
+    empty_actor_dir = str(tmp_path / "global_step_7" / "actor")
+    os.makedirs(empty_actor_dir)
+    assert "checkpoint-7/latest is missing" in type(env["arctic"]).checkpoint_problem(empty_actor_dir, 7)
+    with pytest.raises(ResumeCheckpointError, match=r"did not restore verl's step 7 .* reports DeepSpeed global_step=0"):
+        run(env["arctic"].load_checkpoint(empty_actor_dir, 7))
 
 
 def test_reconnect_handle_attaches_without_new_jobs_and_detaches_safely(env):

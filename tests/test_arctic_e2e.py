@@ -8,6 +8,7 @@ run resumes from the first run's checkpoint through Arctic's /load-checkpoint.
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -56,8 +57,12 @@ def test_grpo_on_gsm8k_through_arctic_standin_then_resume(tmp_path):
             for key in STEP_METRICS:
                 assert key in data and math.isfinite(float(data[key])), f"step {step}: {key}={data.get(key)}"
         assert max(float(first.step(s)["actor/grad_norm"]) for s in (1, 2)) > 0
+        # Arctic's save, DeepSpeed's layout, plus the adapter's record of the server's step (for honest resume)
         saved = ckpt / "global_step_2" / "actor" / "checkpoint-2"
-        assert (saved / "manifest.json").is_file() and (saved / "model.safetensors").is_file()
+        tag = (saved / "latest").read_text().strip()
+        assert (saved / tag / "mp_rank_00_model_states.pt").is_file()
+        record = json.loads((ckpt / "global_step_2" / "actor" / "arctic_checkpoint.json").read_text())
+        assert record["step"] == 2 and tag == f"global_step{record['engine_global_step']}" and record["engine_global_step"] >= 2
         calls = requests.get(f"{url}/_standin/calls", timeout=10).json()
         assert calls.get("/generate", 0) >= 2 * 4 * 2  # steps x prompts x rollout.n
         assert calls.get("/forward-backward") == 2 and calls.get("/step") == 2 and calls.get("/save") == 1
