@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -115,24 +116,45 @@ class FaultRecorder:
         LEDGER.cases.append((f"{self.name}: {what}", "ok", seconds))
 
     def protect(self, path: str) -> str:
-        """Verify ``path`` now and again when the test ends; a failed final check counts as lost."""
-        from verl.workers.remote_client.local.checkpoint import verify_checkpoint_dir
+        """Verify ``path`` now and again when the test ends; a failed final check counts as lost.
 
-        verify_checkpoint_dir(path)
-        self.protected.append(path)
+        A local-backend checkpoint is verified against its manifest; any other format (Arctic's
+        DeepSpeed folders) by the sha256 of every file in it, taken now.
+        """
+        self.protected.append((path, _fingerprint(path)))
         return path
 
     def verify_protected(self) -> list[str]:
-        from verl.workers.remote_client.local.checkpoint import CheckpointError, verify_checkpoint_dir
-
         lost = []
-        for path in self.protected:
+        for path, before in self.protected:
             try:
-                verify_checkpoint_dir(path)
-            except CheckpointError as exc:
+                after = _fingerprint(path)
+            except Exception as exc:  # CheckpointError, or a file that vanished
                 lost.append(f"{path}: {exc}")
+                continue
+            if after != before:
+                lost.append(f"{path}: files changed since it was saved ({sorted(set(before.items()) ^ set(after.items()))[:3]})")
         LEDGER.checkpoints_lost += len(lost)
         return lost
+
+
+def _fingerprint(path: str) -> dict:
+    """Manifest-verified step of a local checkpoint, or {relative file: sha256} of any other checkpoint folder."""
+    import hashlib
+
+    from verl.workers.remote_client.local.checkpoint import verify_checkpoint_dir
+
+    if os.path.isfile(os.path.join(path, "manifest.json")):
+        return {"manifest step": verify_checkpoint_dir(path)["step"]}
+    digests = {}
+    for root, _, files in os.walk(path):
+        for name in files:
+            full = os.path.join(root, name)
+            with open(full, "rb") as fh:
+                digests[os.path.relpath(full, path)] = hashlib.sha256(fh.read()).hexdigest()
+    if not digests:
+        raise FileNotFoundError(f"{path} holds no files")
+    return digests
 
 
 @pytest.fixture
