@@ -192,3 +192,32 @@ def test_local_backend_resume_is_accepted(tmp_path):
 
 def test_required_ray_cpus_counts_runner_and_forwarders():
     assert required_ray_cpus(compose(GOOD)) == 2
+
+
+# ------------------------------------------------------------------ arctic: its own rules, before Ray
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        ("actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm", "loss_agg_mode='seq-mean-token-sum-norm'"),
+        ("actor_rollout_ref.actor.entropy_coeff=0.01", "entropy_coeff=0.01"),
+        ("actor_rollout_ref.actor.kl_loss_type=full", "kl_loss_type='full'"),
+        ("remote_backend.arctic.protocol=ray", "protocol='ray' is not supported"),
+    ],
+)
+def test_arctic_settings_its_server_cannot_honour_fail_before_ray(change, expected):
+    pytest.importorskip("arctic_platform")
+    overrides = _with("trainer.remote_backend=arctic", "actor_rollout_ref.actor.use_kl_loss=true", change)
+    message = _fails_before_workers(overrides)
+    assert expected in message and "Fix" in message
+
+
+def test_arctic_resume_from_a_step_the_server_never_saved_fails_before_ray(tmp_path):
+    """The driver checks what Arctic's server writes (DeepSpeed's checkpoint-N/latest), not the local manifest."""
+    from verl.remote_backend.reliability import ResumeCheckpointError
+
+    pytest.importorskip("arctic_platform")
+    (tmp_path / "global_step_2" / "actor").mkdir(parents=True)
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("2")
+    overrides = _with("trainer.remote_backend=arctic", "trainer.resume_mode=auto", f"trainer.default_local_dir={tmp_path}")
+    message = _fails_before_workers(overrides, ResumeCheckpointError)
+    assert "global_step_2" in message and "checkpoint-2/latest is missing" in message
