@@ -8,7 +8,8 @@ Usage (from the repository root)::
     python -m benchmarks.run --rows 1,2 --out results.md
 
 Rows: 1 forwarding overhead, 2 layout conversion, 3 end-to-end share,
-4 sampling, 5 weight sync (see each ``bench_*.py``). The process starts one
+4 sampling, 5 weight sync, 6 Arctic generation (see each ``bench_*.py``; row 6
+starts the Arctic stand-in server as its own process). The process starts one
 local Ray session for rows 1, 3 (replica hop), 4 and 5 and shuts it down at the
 end; row 3's GRPO run is a child process with its own Ray session. torch runs
 single-threaded in this driver, as in verl's trainer driver (a one-CPU Ray
@@ -43,6 +44,7 @@ class Profile:
     sampling_tokens: int
     weight_models: list
     weight_repeats: int
+    arctic_model: tuple  # (hidden, layers) of row 6's random model
 
 
 def _profiles() -> dict[str, Profile]:
@@ -51,13 +53,13 @@ def _profiles() -> dict[str, Profile]:
     from benchmarks import bench_weight_sync as ws
 
     return {
-        "full": Profile(fwd.SIZES, 9, lay.SIZES, 9, 5, 64, 64, list(ws.MODELS), 5),
-        "quick": Profile(fwd.QUICK_SIZES, 5, lay.QUICK_SIZES, 5, 4, 64, 32, ws.SMOKE_MODELS, 3),
-        "smoke": Profile(fwd.SMOKE_SIZES, 2, lay.SMOKE_SIZES, 2, 2, 8, 8, ws.SMOKE_MODELS, 2),
+        "full": Profile(fwd.SIZES, 9, lay.SIZES, 9, 5, 64, 64, list(ws.MODELS), 5, (512, 4)),
+        "quick": Profile(fwd.QUICK_SIZES, 5, lay.QUICK_SIZES, 5, 4, 64, 32, ws.SMOKE_MODELS, 3, (512, 4)),
+        "smoke": Profile(fwd.SMOKE_SIZES, 2, lay.SMOKE_SIZES, 2, 2, 8, 8, ws.SMOKE_MODELS, 2, (64, 2)),
     }
 
 
-def run_suite(mode: str = "full", rows: tuple[int, ...] = (1, 2, 3, 4, 5), *, log: Callable[[str], None] = print) -> list[Result]:
+def run_suite(mode: str = "full", rows: tuple[int, ...] = (1, 2, 3, 4, 5, 6), *, log: Callable[[str], None] = print) -> list[Result]:
     """Run the selected rows in ``mode`` (``full``, ``quick`` or ``smoke``) and return their results.
 
     Starts (and shuts down) a local Ray session when a selected row needs one.
@@ -82,6 +84,7 @@ def run_suite(mode: str = "full", rows: tuple[int, ...] = (1, 2, 3, 4, 5), *, lo
             (4, "sampling", lambda: _sampling(profile)),
             (5, "weight sync", lambda: _weight_sync(profile)),
             (3, "end-to-end share", lambda: _e2e(profile, mode)),
+            (6, "arctic generation", lambda: _arctic_generate(profile)),
         ]
         for row, title, fn in steps:
             if row not in rows:
@@ -126,6 +129,13 @@ def _weight_sync(p: Profile) -> list[Result]:
     return run(p.weight_models, repeats=p.weight_repeats)
 
 
+def _arctic_generate(p: Profile) -> list[Result]:
+    from benchmarks.bench_arctic_generate import run
+
+    hidden, layers = p.arctic_model
+    return run(requests=p.sampling_requests, max_tokens=p.sampling_tokens, hidden=hidden, layers=layers, verbose=False)
+
+
 def _e2e(p: Profile, mode: str) -> list[Result]:
     from benchmarks.bench_e2e_share import run
 
@@ -139,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats")
     group.add_argument("--smoke", action="store_true", help="tiny sizes, no thresholds")
-    parser.add_argument("--rows", default="1,2,3,4,5", help="comma-separated row numbers (default: all)")
+    parser.add_argument("--rows", default="1,2,3,4,5,6", help="comma-separated row numbers (default: all)")
     parser.add_argument("--out", type=Path, default=None, help="also write the Markdown table here")
     parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
     args = parser.parse_args(argv)
@@ -149,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     results = run_suite(mode, rows)
     command = "python -m benchmarks.run" + {"full": "", "quick": " --quick", "smoke": " --smoke"}[mode]
-    if args.rows != "1,2,3,4,5":
+    if args.rows != "1,2,3,4,5,6":
         command += f" --rows {args.rows}"
     header = (
         f"`{command}` - {platform.machine()}, {_cpu_count()} CPUs, python {platform.python_version()}, "
