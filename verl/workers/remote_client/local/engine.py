@@ -1,17 +1,14 @@
 """``LocalEngine``: a single-device RL engine (actor, reference, sampler, optimizer).
 
 Synchronous and Ray-free: the ``local`` backend runs it inside a Ray actor
-(:mod:`.actor`), and the Arctic stand-in server drives it in-process through
-the finer-grained primitives below. All methods are thread-safe: training-side
+(:mod:`.actor`). All methods are thread-safe: training-side
 calls serialise on one lock, sampling on another, so a sampling batch may run
 while the actor trains (the sampler decodes from its own weight copy, refreshed
 only by :meth:`sync_sampler_weights`).
 
-Primitives (what Arctic-style callers use):
+Primitives:
 
 * :meth:`log_probs` - forward-only per-token log-probs/entropy, actor or reference;
-* :meth:`forward_backward` - accumulate verl's PPO-loss gradient over one mini-batch;
-* :meth:`optimizer_step` - clip, step, zero grads (optionally advance the LR schedule);
 * :meth:`make_request` - validate one generate call (raises ``ValueError`` naming the parameter);
 * :meth:`sample` - decode a list of requests together; :meth:`decode_batch` /
   :meth:`decode_step` - the same, continuously (rows join and leave between steps);
@@ -38,7 +35,7 @@ from verl.remote_backend.base import BackendDevice
 from .checkpoint import CheckpointError, get_rng_state, set_rng_state, verify_checkpoint_dir, write_checkpoint_dir
 from .config import ConfigError, EngineSettings
 from .forward import DTYPE_BY_NAME, get_input_tensors, jagged_rows, packed_forward, row_slices
-from .objective import forward_backward, optimizer_step, to_actor_config, train_batch
+from .objective import to_actor_config, train_batch
 from .optim import build_optimizer_and_scheduler
 from .sampler import DecodeBatch, SampleRequest, SampleResult, SamplingParams, sample_batch
 
@@ -212,46 +209,6 @@ class LocalEngine:
         return {"model_output": out, "metrics": {}, "device": self.device_report()}
 
     # ------------------------------------------------------------------ training
-    def forward_backward(
-        self, mini_batch: TensorDict, actor_config: Any, *, temperature: float = 1.0
-    ) -> dict[str, Any]:
-        """Accumulate verl's PPO-loss gradient over one mini-batch; no optimizer step.
-
-        ``mini_batch`` layout and the returned ``{"loss", "metrics"}`` are those of
-        :func:`.objective.forward_backward`. Call :meth:`optimizer_step` after one
-        or more of these.
-        """
-        cfg = to_actor_config(actor_config)
-        with self._train_lock:
-            self.model.train()
-            return forward_backward(
-                self.model,
-                self._to_device(mini_batch),
-                cfg,
-                temperature=temperature,
-                pad_token_id=self.pad_token_id,
-                autocast_dtype=self.autocast_dtype,
-            )
-
-    def optimizer_step(self, *, step_scheduler: bool = False) -> dict[str, float]:
-        """Clip (``actor.grad_clip``), step and zero grads; optionally advance the LR schedule.
-
-        Returns:
-            ``{"grad_norm": float (before clipping), "lr": float (current LR after any schedule step)}``.
-        """
-        with self._train_lock:
-            grad_norm = optimizer_step(self.model, self.optimizer, self.settings.grad_clip)
-            self.optimizer_steps += 1
-            if step_scheduler:
-                self.lr_scheduler.step()
-            return {"grad_norm": grad_norm, "lr": float(self.optimizer.param_groups[0]["lr"])}
-
-    def lr_scheduler_step(self) -> float:
-        """Advance the LR schedule by one training step; returns the new LR."""
-        with self._train_lock:
-            self.lr_scheduler.step()
-            return float(self.lr_scheduler.get_last_lr()[0])
-
     def update_actor(self, data: TensorDict, actor_config: Any, *, temperature: float = 1.0) -> dict[str, Any]:
         """The contract's ``update_actor``: all mini-batches/epochs of the batch, then one LR-schedule step.
 
