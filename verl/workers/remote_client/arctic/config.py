@@ -113,8 +113,6 @@ class ArcticConfig:
             )
         if self.protocol != "http":
             raise ConfigError(f"{p}.protocol must be 'http', got {self.protocol!r}")
-        if self.launch_server and self.protocol != "http":
-            raise ConfigError(f"{p}.launch_server=true needs {p}.protocol=http (the Ray transport starts its own server)")
         if self.training_gpus < 1:
             raise ConfigError(f"{p}.training_gpus must be >= 1, got {self.training_gpus}")
         if self.sampling_gpus < 1:
