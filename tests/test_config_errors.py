@@ -150,7 +150,10 @@ def no_resume_backend():
 
 
 def _fake_checkpoint(root, step: int) -> None:
+    import torch
+
     (root / f"global_step_{step}" / "actor").mkdir(parents=True)
+    torch.save({}, root / f"global_step_{step}" / "data.pt")  # verl's dataloader state
     (root / "latest_checkpointed_iteration.txt").write_text(str(step))
 
 
@@ -216,8 +219,71 @@ def test_arctic_resume_from_a_step_the_server_never_saved_fails_before_ray(tmp_p
     from verl.remote_backend.reliability import ResumeCheckpointError
 
     pytest.importorskip("arctic_platform")
-    (tmp_path / "global_step_2" / "actor").mkdir(parents=True)
-    (tmp_path / "latest_checkpointed_iteration.txt").write_text("2")
+    _fake_checkpoint(tmp_path, 2)  # verl's part complete; Arctic's DeepSpeed files absent
     overrides = _with("trainer.remote_backend=arctic", "trainer.resume_mode=auto", f"trainer.default_local_dir={tmp_path}")
     message = _fails_before_workers(overrides, ResumeCheckpointError)
     assert "global_step_2" in message and "checkpoint-2/latest is missing" in message
+
+
+@pytest.mark.parametrize(
+    "change, setting, fix",
+    [
+        ("actor_rollout_ref.rollout.n=0", "actor_rollout_ref.rollout.n=0", "set rollout.n >= 1"),
+        ("actor_rollout_ref.actor.ppo_epochs=0", "actor_rollout_ref.actor.ppo_epochs=0", "set ppo_epochs >= 1"),
+        # 6 prompts cannot split into mini-batches of 4 (verl would find out after a full rollout)
+        ("actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "(e.g. 3)"),
+        ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "a divisor of 6"),
+    ],
+)
+def test_batch_sizes_that_do_not_divide_fail_before_ray(change, setting, fix):
+    base = ["data.train_batch_size=6", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=3"]
+    message = _fails_before_workers(_with(*base, change))
+    assert message.startswith(setting) and fix in message, message
+
+
+# ------------------------------------------------------------------ data files, read before Ray
+def _parquet(path, rows):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(rows), str(path))
+    return str(path)
+
+
+def test_a_train_file_without_the_prompt_column_fails_before_ray(tmp_path):
+    train = _parquet(tmp_path / "train.parquet", [{"question": "1+1?", "data_source": "openai/gsm8k"}])
+    message = _fails_before_workers(_with(f"data.train_files={train}"))
+    assert message.startswith(f"data.train_files: {train} has no 'prompt' column") and "data.prompt_key" in message
+
+
+def test_empty_prompts_are_counted_and_fail_before_ray(tmp_path):
+    good = [{"role": "user", "content": "What is 2 + 3?"}]
+    rows = [{"prompt": good}, {"prompt": [{"role": "user", "content": "  "}]}, {"prompt": good}, {"prompt": []}]
+    val = _parquet(tmp_path / "val.parquet", rows)
+    message = _fails_before_workers(_with(f"data.val_files={val}"))
+    assert message.startswith(f"{val}: 2 of 4 rows have an empty 'prompt' (first: row 1)") and "Fix" in message
+
+
+def test_overlong_prompts_kept_by_the_filter_setting_fail_before_ray(tmp_path):
+    from verl.remote_backend.tiny_model import build_tiny_model
+
+    model = build_tiny_model(str(tmp_path / "model"))
+    rows = [{"prompt": [{"role": "user", "content": "short"}]}, {"prompt": [{"role": "user", "content": "long " * 200}]}]
+    train = _parquet(tmp_path / "train.parquet", rows)
+    base = _with(f"actor_rollout_ref.model.path={model}", f"data.train_files={train}", "data.max_prompt_length=64")
+    message = _fails_before_workers(base + ["data.filter_overlong_prompts=false"])
+    assert "1 prompt(s) are longer than data.max_prompt_length=64" in message and "first: row 1" in message
+    assert "Fix: set data.filter_overlong_prompts=true" in message
+    validate_remote_backend_config(compose(base + ["data.filter_overlong_prompts=true"]))  # verl filters them itself
+
+
+def test_local_engine_on_cuda_without_a_gpu_fails_before_ray_instead_of_waiting():
+    import torch
+
+    if torch.cuda.device_count() > 0:
+        pytest.skip("this machine has a GPU: device=cuda is valid here")
+    message = _fails_before_workers(_with("remote_backend.local.device=cuda"))
+    assert message.startswith("remote_backend.local.device='cuda': this machine has no visible CUDA GPU")
+    assert "Fix: set remote_backend.local.device=cpu" in message
+    # joining an existing cluster: its GPUs may be elsewhere, so this check stays out of the way
+    validate_remote_backend_config(compose(_with("remote_backend.local.device=cuda", "+ray_kwargs.ray_init.address=auto")))

@@ -15,6 +15,7 @@ import sys
 
 import pytest
 import ray
+import torch
 
 from remote_e2e import REPO_ROOT, compose
 from verl.remote_backend.main_ppo import run
@@ -145,6 +146,7 @@ def _save(root, step, files=None):
     actor = os.path.join(root, f"global_step_{step}", "actor")
     writers = {name: (lambda data: lambda f: open(f, "wb").write(data))(data) for name, data in (files or {"model.safetensors": b"w" * 64}).items()}
     write_checkpoint_dir(actor, step, writers)
+    torch.save({"dataloader": step}, os.path.join(root, f"global_step_{step}", "data.pt"))  # verl's dataloader state
     with open(os.path.join(root, "latest_checkpointed_iteration.txt"), "w") as fh:
         fh.write(str(step))
     return actor
@@ -168,6 +170,31 @@ def test_a_truncated_checkpoint_file_is_rejected_and_the_previous_one_offered(mo
     assert f"cannot resume from {tmp_path / 'global_step_2'}" in message
     assert "model.safetensors is truncated or corrupt: 10 bytes, manifest.json says 64" in message
     assert f"trainer.resume_mode=resume_path trainer.resume_from_path={tmp_path / 'global_step_1'}" in message
+
+
+def test_a_same_size_corruption_is_caught_by_its_checksum_before_ray(model, tmp_path):
+    _save(tmp_path, 1)
+    actor = _save(tmp_path, 2)
+    with open(os.path.join(actor, "model.safetensors"), "r+b") as fh:
+        fh.seek(32)
+        fh.write(b"X")  # same size: only the sha256 in manifest.json can tell
+    message = fails_before_ray(_resume(model, tmp_path), ResumeCheckpointError)
+    assert "model.safetensors is corrupt: its sha256 does not match manifest.json" in message
+    assert str(tmp_path / "global_step_1") in message
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated"])
+def test_verls_dataloader_state_is_checked_before_ray(model, tmp_path, damage):
+    _save(tmp_path, 1)
+    _save(tmp_path, 2)
+    data_pt = tmp_path / "global_step_2" / "data.pt"
+    if damage == "missing":
+        data_pt.unlink()
+    else:
+        data_pt.write_bytes(data_pt.read_bytes()[:40])
+    message = fails_before_ray(_resume(model, tmp_path), ResumeCheckpointError)
+    expected = f"{data_pt} is missing" if damage == "missing" else f"{data_pt} is truncated or corrupt"
+    assert expected in message and f"trainer.resume_from_path={tmp_path / 'global_step_1'}" in message
 
 
 def test_a_step_without_its_actor_folder_is_rejected(model, tmp_path):

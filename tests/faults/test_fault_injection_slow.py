@@ -159,6 +159,7 @@ def log_prob_batch(n=4, seed=1):
 
 def save(forwarder, root: Path, step: int) -> str:
     path = run(forwarder.save_checkpoint(str(root / f"global_step_{step}" / "actor"), None, step))
+    torch.save({}, root / f"global_step_{step}" / "data.pt")  # verl's dataloader state, then its tracker
     (root / "latest_checkpointed_iteration.txt").write_text(str(step))  # as verl does after a save
     return path
 
@@ -279,6 +280,7 @@ from verl.workers.remote_client.local.engine import LocalEngine
 model, root = sys.argv[1], sys.argv[2]
 engine = LocalEngine(EngineSettings(model_path=model))
 engine.save_checkpoint(f"{root}/global_step_1/actor", 1)
+torch.save({}, f"{root}/global_step_1/data.pt")
 open(f"{root}/latest_checkpointed_iteration.txt", "w").write("1")
 real_save = torch.save
 

@@ -9,9 +9,9 @@ file and listing the earlier *complete* checkpoints with the override that
 resumes from one. We do not skip to an earlier one on our own: that would
 silently replay steps and later overwrite newer artefacts; the user decides.
 
-Two layers: :func:`check_resume_checkpoint` runs in config validation before
-any worker starts (structure and file sizes: cheap); the backend's
-``load_checkpoint`` then verifies every checksum before touching its state.
+Two layers: config validation checks the checkpoint before any worker starts
+(structure, sizes, checksums, verl's ``data.pt``); the backend's
+``load_checkpoint`` verifies every checksum again before touching its state.
 
 Checkpoints with a ``manifest.json`` in their ``actor/`` folder (the local
 backend's format: step, files, sha256) are verified against it; other formats
@@ -33,6 +33,7 @@ from verl.remote_backend.reliability import ResumeCheckpointError
 
 __all__ = [
     "TRACKER_FILE",
+    "DATALOADER_STATE",
     "tracker_step",
     "protected_checkpoint",
     "complete_checkpoints",
@@ -45,6 +46,8 @@ __all__ = [
 #: verl's tracker of the last *completed* checkpoint (written after everything else).
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
 _ACTOR = "actor"
+#: verl's dataloader state in every ``global_step_<N>`` folder.
+DATALOADER_STATE = "data.pt"
 _MANIFEST = "manifest.json"
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
@@ -71,10 +74,13 @@ def protected_checkpoint(actor_path: str) -> Optional[str]:
 
 
 def checkpoint_problem(step_dir: str, *, checksums: bool = False) -> Optional[str]:
-    """What is wrong with ``<step_dir>/actor`` (``None`` when it looks complete).
+    """What is wrong with the verl checkpoint ``step_dir`` (``None`` when it looks complete).
 
-    With a manifest: every listed file present with its recorded size (and
-    sha256 when ``checksums``). Without one (another backend's format): the folder exists.
+    ``<step_dir>/actor``: with a manifest, every listed file present with its recorded
+    size (and sha256 when ``checksums``); without one (another backend's format), the
+    folder exists (the backend's own ``checkpoint_problem`` capability checks its files).
+    ``<step_dir>/data.pt`` (verl's dataloader state, saved with every checkpoint): present
+    and a readable torch archive whose entries pass their CRC check.
     """
     actor = os.path.join(step_dir, _ACTOR)
     if not os.path.isdir(step_dir):
@@ -88,8 +94,23 @@ def checkpoint_problem(step_dir: str, *, checksums: bool = False) -> Optional[st
             verify_checkpoint_dir(actor, checksums=checksums)
         except CheckpointError as exc:
             return str(exc)
-        return None
-    return None  # another backend's format: presence is all we can check
+    return _dataloader_state_problem(step_dir)
+
+
+def _dataloader_state_problem(step_dir: str) -> Optional[str]:
+    import zipfile
+
+    path = os.path.join(step_dir, DATALOADER_STATE)
+    if not os.path.isfile(path):
+        return f"{path} is missing (verl's dataloader state, written with every checkpoint: the save did not finish)"
+    try:
+        with zipfile.ZipFile(path) as archive:  # torch.save's format; testzip reads every entry and checks its CRC
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+        return f"{path} is truncated or corrupt ({type(exc).__name__}: {exc})"
+    if bad is not None:
+        return f"{path} is corrupt: its entry {bad!r} fails its CRC check"
+    return None
 
 
 def complete_checkpoints(root: str, *, before: Optional[int] = None) -> list[str]:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from verl.remote_backend.base import RemoteBackend, backend_checkpoint_problem, check_backend_config, supports_resume
 from verl.remote_backend.checkpoints import checkpoint_problem, resume_failure, step_of, tracker_target_problem
+from verl.remote_backend.data_checks import DataFileError, check_data_files
 from verl.remote_backend.registry import RemoteBackendRegistry
 from verl.remote_backend.reliability import ReliabilitySettings
 
@@ -219,6 +220,51 @@ def _check_context(config: "DictConfig", name: str, local_model: Optional[str]) 
         )
 
 
+def _check_batch_sizes(config: "DictConfig") -> None:
+    """``rollout.n`` and the PPO batch-size divisibility rules, which verl itself checks only after a rollout."""
+    actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
+    n = int(rollout.get("n", 1))
+    if n < 1:
+        raise _fail("actor_rollout_ref.rollout.n", n, "every prompt needs at least one sampled response", "set rollout.n >= 1 (GRPO needs >= 2)")
+    epochs = int(actor.get("ppo_epochs", 1))
+    if epochs < 1:
+        raise _fail("actor_rollout_ref.actor.ppo_epochs", epochs, "an update needs at least one pass", "set ppo_epochs >= 1")
+    train = int(config.data.train_batch_size)
+    mini = int(actor.ppo_mini_batch_size)
+    if mini < 1 or train < mini or train % mini:
+        raise _fail(
+            "actor_rollout_ref.actor.ppo_mini_batch_size",
+            mini,
+            f"data.train_batch_size={train} prompts must split into whole PPO mini-batches of {mini} prompts",
+            f"set ppo_mini_batch_size to a divisor of {train} (e.g. {_largest_divisor_at_most(train, mini)})",
+        )
+    micro = actor.get("ppo_micro_batch_size_per_gpu")
+    if micro is not None and not actor.get("use_dynamic_bsz", False) and (mini * n) % int(micro):
+        raise _fail(
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+            int(micro),
+            f"a mini-batch holds ppo_mini_batch_size x rollout.n = {mini * n} samples, not a multiple of it",
+            f"set ppo_micro_batch_size_per_gpu to a divisor of {mini * n}",
+        )
+
+
+def _length_tokenizer(config: "DictConfig", local_model: Optional[str]) -> Any:
+    """The model's tokenizer when prompt lengths must be checked up front (filtering off), else ``None``."""
+    if local_model is None or bool(config.data.get("filter_overlong_prompts", True)):
+        return None
+    from transformers import AutoTokenizer
+
+    path = config.actor_rollout_ref.model.get("tokenizer_path") or local_model
+    try:
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=bool(config.data.get("trust_remote_code", False)))
+    except Exception:  # no tokenizer there: verl's own loader reports it
+        return None
+
+
+def _largest_divisor_at_most(value: int, limit: int) -> int:
+    return max(d for d in range(1, max(1, min(value, limit)) + 1) if value % d == 0)
+
+
 def validate_remote_backend_config(config: "DictConfig", *, check_resume: bool = True) -> Optional[RemoteRunPlan]:
     """Check every rule a remote-backend run depends on; return the resolved plan.
 
@@ -299,6 +345,7 @@ def validate_remote_backend_config(config: "DictConfig", *, check_resume: bool =
             "the backend parallelises sampling itself",
             "set actor_rollout_ref.rollout.tensor_model_parallel_size=1 (and data/pipeline_model_parallel_size=1)",
         )
+    _check_batch_sizes(config)
     single = _probe_single_forwarder(backend_cls)
     if single:
         check_single_forwarder(name, True, config)
@@ -361,7 +408,12 @@ def validate_remote_backend_config(config: "DictConfig", *, check_resume: bool =
         raise RemoteBackendConfigError(
             f"{exc}. Fix: see the commented remote_backend.timeouts/liveness/retry block in remote_ppo_trainer.yaml"
         ) from None
-    _check_context(config, name, _check_model_path(config))
+    local_model = _check_model_path(config)
+    _check_context(config, name, local_model)
+    try:
+        check_data_files(config, tokenizer=_length_tokenizer(config, local_model))
+    except DataFileError as exc:
+        raise RemoteBackendConfigError(str(exc)) from None
     try:
         check_backend_config(backend_cls, config)
     except RemoteBackendConfigError:
@@ -380,7 +432,7 @@ def validate_remote_backend_config(config: "DictConfig", *, check_resume: bool =
             "at an empty directory",
         )
     if resume_from is not None:
-        problem = checkpoint_problem(resume_from, checksums=False) or backend_checkpoint_problem(
+        problem = checkpoint_problem(resume_from, checksums=True) or backend_checkpoint_problem(
             backend_cls, os.path.join(resume_from, "actor"), step_of(resume_from)
         )
         if problem is not None:

@@ -29,7 +29,7 @@ from verl.remote_backend.batch_ref import BatchRef
 from verl.remote_backend.registry import RemoteBackendRegistry
 from verl.remote_backend.wire import to_wire
 
-from .local.config import EngineSettings
+from .local.config import ConfigError, EngineSettings
 from .local.transport import outputs_to_torch
 
 if TYPE_CHECKING:
@@ -61,6 +61,34 @@ class LocalBackend(RemoteBackend):
         self._actor_config_cache: Optional[tuple[Any, Any]] = None
 
     # ------------------------------------------------------------ lifecycle
+    @classmethod
+    def check_config(cls, main_config: "DictConfig") -> None:
+        """Before Ray starts (optional capability): the engine's settings, and a GPU for ``device=cuda``.
+
+        A run that starts its own Ray cluster (no ``ray_kwargs.ray_init.address``) on a machine
+        without a visible CUDA device would otherwise wait for Ray's autoscaler to find a GPU
+        that does not exist. Joining an existing cluster is not checked here (its GPUs are
+        elsewhere).
+
+        Raises:
+            ConfigError: naming the key, the value and the fix.
+        """
+        settings = EngineSettings.from_main_config(main_config)
+        if settings.backend.device != "cuda":
+            return
+        from omegaconf import OmegaConf
+
+        if OmegaConf.select(main_config, "ray_kwargs.ray_init.address", default=None):
+            return
+        import torch
+
+        if torch.cuda.device_count() == 0:
+            raise ConfigError(
+                "remote_backend.local.device='cuda': this machine has no visible CUDA GPU (torch.cuda.device_count() "
+                "is 0) and the run starts its own Ray cluster here, so the engine would wait for a GPU that never "
+                "comes. Fix: set remote_backend.local.device=cpu, or run where a GPU is visible (CUDA_VISIBLE_DEVICES)"
+            )
+
     @classmethod
     def from_config(cls, main_config: "DictConfig", *, handle: Optional[dict[str, Any]] = None) -> "LocalBackend":
         """Start the engine actor (``handle=None``) or attach to the one ``handle`` names.
