@@ -234,6 +234,41 @@ def test_a_ray_actor_death_is_recognised_without_a_probe():
         run(guard.call("generate", dies))
 
 
+def test_an_engine_stopped_by_ray_kill_is_reported_as_a_stop_not_a_death(caplog):
+    """Our teardown kills the engine actor after another failure; calls still in flight must say so,
+    not announce a crash (the real cause is reported first, elsewhere)."""
+    import ray
+
+    from verl.remote_backend.reliability import BackendStoppedError
+
+    @ray.remote
+    class Engine:
+        async def generate(self):
+            await asyncio.sleep(60)
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        engine = Engine.remote()
+        guard = BackendGuard(FakeBackend(with_health=False), name="local", settings=settings())
+
+        async def in_flight_then_teardown():
+            call = asyncio.ensure_future(guard.call("generate", lambda: engine.generate.remote()))
+            await asyncio.sleep(1.0)
+            ray.kill(engine, no_restart=True)  # what LocalBackend.destroy() does
+            return await call
+
+        with caplog.at_level("WARNING", logger="verl.remote_backend.guard"):
+            with pytest.raises(BackendStoppedError, match=r"'local' was stopped during generate by `ray.kill`.*not a crash"):
+                run(in_flight_then_teardown())
+        assert not [r for r in caplog.records if r.levelname == "ERROR"], "a stop must not be logged as an error"
+        assert "died" not in str(guard.dead)
+    finally:
+        if started:
+            ray.shutdown()
+
+
 def test_run_with_timeout_bounds_sync_and_async_teardown():
     assert run_with_timeout(lambda: 3, op="create", backend="b", limit_s=1) == 3
 
@@ -254,11 +289,12 @@ def test_errors_survive_pickling_as_ray_ships_them():
     """Ray pickles a worker's exception to the trainer; keyword-only constructors must not break that."""
     import pickle
 
-    from verl.remote_backend.reliability import BackendOutputError, ResumeCheckpointError
+    from verl.remote_backend.reliability import BackendOutputError, BackendStoppedError, ResumeCheckpointError
 
     for err in (
         BackendTimeoutError(op="generate", backend="b", limit_s=3, key="remote_backend.timeouts.generate"),
         BackendDiedError(op="update_actor", backend="b", logs="/x.log", cause="gone"),
+        BackendStoppedError(op="generate", backend="b", logs="/x.log", cause="killed by `ray.kill`"),
         BackendOutputError("bad shape"),
         ResumeCheckpointError("corrupt"),
     ):

@@ -37,10 +37,12 @@ from typing import Any, Awaitable, Callable, Optional, TypeVar
 from verl.remote_backend.reliability import (
     BackendDiedError,
     BackendError,
+    BackendStoppedError,
     BackendTimeoutError,
     ReliabilitySettings,
     is_death_error,
     is_retryable,
+    is_stop_error,
     timeout_key,
 )
 
@@ -97,6 +99,7 @@ class BackendGuard:
         self._rng = rng or random.Random()
         self._watch_health = settings.liveness.enabled and supports_health(backend)
         self._dead: Optional[BackendDiedError] = None
+        self._stopped = False  # the death was a ray.kill (BackendStoppedError), not a crash
         # Event-loop-bound state, rebuilt when the running loop changes (tests use asyncio.run per call).
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._death: Optional[asyncio.Future] = None
@@ -171,7 +174,7 @@ class BackendGuard:
     async def _diagnose(self, op: str, exc: BaseException) -> Optional[BackendDiedError]:
         """After ``op`` failed with ``exc``: is the backend dead? (marks it so)."""
         if is_death_error(exc):
-            return self._mark_dead(op, _short(exc))
+            return self._mark_dead(op, _short(exc), stopped=is_stop_error(exc))
         if isinstance(exc, _INPUT_ERRORS):
             return None
         failure = await self.probe()
@@ -208,16 +211,19 @@ class BackendGuard:
                 self._mark_dead("a call", f"{failures} consecutive health probes failed (last: {failure})")
                 return
 
-    def _mark_dead(self, op: str, cause: str) -> BackendDiedError:
+    def _mark_dead(self, op: str, cause: str, *, stopped: bool = False) -> BackendDiedError:
         if self._dead is None:
+            self._stopped = stopped
             self._dead = self._died(op, cause)
-            logger.error("%s", self._dead)
+            # a stop is the consequence of another failure: never the first error on screen
+            (logger.warning if stopped else logger.error)("%s", self._dead)
             if self._death is not None and not self._death.done():
                 self._death.set_result(cause)
         return self._dead
 
     def _died(self, op: str, cause: str) -> BackendDiedError:
-        return BackendDiedError(op=op, backend=self.name, logs=log_location(self.backend), cause=cause)
+        cls = BackendStoppedError if self._stopped else BackendDiedError
+        return cls(op=op, backend=self.name, logs=log_location(self.backend), cause=cause)
 
 
 def _abandon(task: asyncio.Future) -> None:

@@ -36,6 +36,8 @@ __all__ = [
     "BackendOutputError",
     "BackendTransportError",
     "ResumeCheckpointError",
+    "BackendStoppedError",
+    "is_stop_error",
     "TimeoutSettings",
     "LivenessSettings",
     "RetryPolicy",
@@ -104,6 +106,30 @@ class BackendDiedError(BackendError):
             f"remote backend {backend!r} died during {op}: {cause}. Its logs: {logs}. Nothing was re-sent; "
             "restart the backend and resume from the last complete checkpoint (trainer.resume_mode=auto)."
         )
+
+
+class BackendStoppedError(BackendDiedError):
+    """The backend's actor was stopped on purpose (``ray.kill``), not crashed.
+
+    The run's own teardown kills the engine after another failure (reported on its own,
+    first); calls still in flight then end with this error, which says so instead of
+    announcing a backend death.
+    """
+
+    def __init__(self, *, op: str, backend: str, logs: str, cause: str) -> None:
+        self._init_kwargs = {"op": op, "backend": backend, "logs": logs, "cause": cause}
+        self.op, self.backend, self.logs = op, backend, logs
+        BackendError.__init__(
+            self,
+            f"remote backend {backend!r} was stopped during {op} by `ray.kill`: the run is shutting down (the "
+            "failure that caused it is reported separately) or someone stopped it - not a crash of the backend. "
+            f"Its logs: {logs}.",
+        )
+
+
+def is_stop_error(exc: BaseException) -> bool:
+    """A Ray actor death caused by ``ray.kill`` (an intended stop, e.g. our own teardown)."""
+    return bool(_names(exc) & _DEATH_NAMES) and "killed by `ray.kill`" in str(exc)
 
 
 class BackendOutputError(BackendError, ValueError):
