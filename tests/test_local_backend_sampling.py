@@ -126,6 +126,8 @@ def test_sampling_uses_the_sampler_weights_until_synced(engine):
         ({"max_tokens": 4, "top_p": 1.5}, "top_p"),
         ({"max_tokens": 4, "top_k": 0.5}, "top_k"),
         ({"max_tokens": 4, "repetition_penalty": 0}, "repetition_penalty"),
+        ({"max_tokens": 4, "seed": -1}, "seed"),
+        ({"max_tokens": 4, "seed": "7"}, "seed"),
     ],
 )
 def test_invalid_sampling_params_are_rejected_by_name(engine, params, name):
@@ -188,3 +190,20 @@ def test_requests_joining_a_running_batch_decode_as_if_alone(engine):
         alone = engine.generate(prompt, {**greedy, "max_tokens": m})
         assert results[i].token_ids == alone["token_ids"], i
         torch.testing.assert_close(torch.tensor(results[i].log_probs), torch.tensor(alone["log_probs"]), atol=1e-5, rtol=0)
+
+
+def test_a_seeded_request_samples_the_same_tokens_whatever_its_batch_mates_and_order(engine):
+    """Each seeded request draws from its own stream: batch composition and arrival order do not matter."""
+    params = {"max_tokens": 12, "temperature": 1.0}
+    seeded = [dict(params, seed=1000 + i) for i in range(len(PROMPTS))]
+    alone = [engine.sample([engine.make_request(p, s)])[0].token_ids for p, s in zip(PROMPTS, seeded)]
+    order = [2, 0, 3, 1]
+    shuffled = engine.sample([engine.make_request(PROMPTS[i], seeded[i]) for i in order])
+    mixed = engine.sample(
+        [engine.make_request([77, 78], params)] + [engine.make_request(p, s) for p, s in zip(PROMPTS, seeded)]
+    )  # an unseeded batch mate draws from the shared stream
+    assert [shuffled[order.index(i)].token_ids for i in range(len(PROMPTS))] == alone
+    assert [r.token_ids for r in mixed[1:]] == alone
+    # and the seed matters: another seed gives another sample for at least one prompt
+    other = [engine.sample([engine.make_request(p, dict(params, seed=5000 + i))])[0].token_ids for i, p in enumerate(PROMPTS)]
+    assert other != alone

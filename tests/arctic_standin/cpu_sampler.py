@@ -8,8 +8,8 @@ sampler (``verl.workers.remote_client.local.actor.EngineActor``): concurrent ``g
 calls decode together, as in vLLM.
 
 Preserved: text prompts are tokenized with special tokens added (vLLM's default);
-``max_tokens`` / ``temperature`` / ``top_p`` / ``top_k`` / ``repetition_penalty`` and
-``logprobs`` (vLLM int or None) are honoured; results carry ``text``, ``token_ids``,
+``max_tokens`` / ``temperature`` / ``top_p`` / ``top_k`` / ``repetition_penalty`` /
+``seed`` and ``logprobs`` (vLLM int or None) are honoured; results carry ``text``, ``token_ids``,
 ``finish_reason`` (``stop`` / ``length``) and, when asked, one log-prob per token; weights
 arrive through ``load_weights_from_shm_path`` on each replica actor (the file the training
 worker's ``gather_and_save_state_dict`` wrote). Generating while the pool sleeps fails
@@ -46,7 +46,8 @@ class SamplerReplica:
     async def generate(self, prompt: str, params: dict) -> dict:
         ids = self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
         want = params.get("logprobs") is not None
-        local = {k: params[k] for k in ("max_tokens", "temperature", "top_p", "top_k", "repetition_penalty") if params.get(k) is not None}
+        keys = ("max_tokens", "temperature", "top_p", "top_k", "repetition_penalty", "seed")
+        local = {k: params[k] for k in keys if params.get(k) is not None}
         out = await self.actor.generate(ids, {**local, "logprobs": want})
         tokens = list(out["token_ids"])
         result = {

@@ -8,7 +8,8 @@ Composes verl's own ``ppo_trainer`` config plus this project's keys
   ``python -m verl.trainer.main_ppo`` would;
 * ``trainer.remote_backend=<name>``: validates the config on the driver
   (before Ray starts), gives Ray enough logical CPUs when
-  ``ray_kwargs.ray_init.num_cpus`` is null, and calls verl's ``run_ppo`` with
+  ``ray_kwargs.ray_init.num_cpus`` is null, seeds every rollout sample from
+  its identity (``remote_rollout/seeding.py``) and calls verl's ``run_ppo`` with
   :class:`~verl.remote_backend.task_runner.RemoteBackendTaskRunner`.
 
 ``main()`` is the hydra-decorated console entry; :func:`run` takes an already
@@ -44,6 +45,19 @@ def _ensure_ray_cpus(config: Any) -> None:
         print(f"[remote_backend] ray_kwargs.ray_init.num_cpus=null -> {ray_init.num_cpus} logical CPUs")
 
 
+def _seed_each_sample(config: Any) -> None:
+    """Give every rollout sample its own random stream (see ``remote_rollout/seeding.py``), unless the
+    user set an agent-loop manager of their own."""
+    from omegaconf import open_dict
+
+    from verl.workers.rollout.remote_rollout.seeding import MANAGER_FQN
+
+    agent = config.actor_rollout_ref.rollout.agent
+    if agent.get("agent_loop_manager_class") is None:
+        with open_dict(agent):
+            agent.agent_loop_manager_class = MANAGER_FQN
+
+
 def run(config: Any) -> None:
     """Run PPO/GRPO for a composed config (see module docstring)."""
     import ray
@@ -62,6 +76,7 @@ def run(config: Any) -> None:
     from verl.remote_backend.task_runner import RemoteBackendTaskRunner
 
     _ensure_ray_cpus(config)
+    _seed_each_sample(config)
     print(
         f"[remote_backend] backend={plan.name} forwarders={plan.num_forwarders} replicas={plan.num_replicas} "
         f"resume_from={plan.resume_from}"

@@ -328,6 +328,8 @@ class ArcticBackend(RemoteBackend):
         }
         if sampling_params.get("repetition_penalty") is not None:
             params["repetition_penalty"] = float(sampling_params["repetition_penalty"])
+        if sampling_params.get("seed") is not None:
+            params["seed"] = int(sampling_params["seed"])  # vLLM's per-request random stream
         results = await self._call("generate", [text], params, op="generate", concurrent=True)
         if not isinstance(results, list) or len(results) != 1:
             raise ArcticResponseError(f"Arctic generate: expected a list with 1 result, got {type(results).__name__} {results!r:.200}")

@@ -38,6 +38,9 @@ class SamplingParams:
         repetition_penalty: > 0; 1 = off (CTRL-style: divides positive logits of
             tokens already in the prompt or output, multiplies negative ones).
         logprobs: return the log-prob of each generated token.
+        seed: this request's own random stream (``None``: the sampler's shared one). With a
+            seed, the tokens drawn depend only on the seed and the model's probabilities, not
+            on which other requests share the batch or in which order they arrived.
     """
 
     max_tokens: int
@@ -46,6 +49,7 @@ class SamplingParams:
     top_k: int = -1
     repetition_penalty: float = 1.0
     logprobs: bool = False
+    seed: Optional[int] = None
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any], *, default_max_tokens: int) -> "SamplingParams":
@@ -79,7 +83,10 @@ class SamplingParams:
             raise ValueError(f"sampling_params.repetition_penalty={penalty!r} is invalid: it must be > 0")
         logprobs = raw.get("logprobs", False)
         want_logprobs = logprobs is True or (isinstance(logprobs, int) and not isinstance(logprobs, bool) and logprobs >= 0)
-        return cls(max_tokens, float(temperature), float(top_p), int(top_k), float(penalty), bool(want_logprobs))
+        seed = raw.get("seed")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            raise ValueError(f"sampling_params.seed={seed!r} is invalid: it must be an integer >= 0 or None")
+        return cls(max_tokens, float(temperature), float(top_p), int(top_k), float(penalty), bool(want_logprobs), seed)
 
 
 def _number(raw: Mapping[str, Any], key: str, default: float) -> float:
@@ -116,6 +123,7 @@ def process_logits(
     top_k: torch.Tensor,
     top_p: torch.Tensor,
     generator: Optional[torch.Generator] = None,
+    row_generators: Optional[Sequence[Optional[torch.Generator]]] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row with per-row sampling parameters.
 
@@ -124,7 +132,9 @@ def process_logits(
         temperature: ``[n]``; rows with 0 decode greedily.
         top_k: ``[n]`` int64; <= 0 = off.
         top_p: ``[n]`` in (0, 1]; 1 = off.
-        generator: RNG for ``torch.multinomial``.
+        generator: RNG for ``torch.multinomial`` of the rows without their own.
+        row_generators: ``n`` entries; a row with a generator draws from it alone (one draw
+            per token), so its tokens do not depend on the other rows.
 
     Returns:
         ``(tokens [n] int64, log_probs [n] float32)``: the chosen tokens and their
@@ -149,7 +159,17 @@ def process_logits(
         keep_vocab = torch.zeros_like(keep).scatter(-1, sorted_idx, keep)
         filtered = scaled.masked_fill(~keep_vocab, float("-inf"))
 
-    sampled = torch.multinomial(torch.softmax(filtered, dim=-1), 1, generator=generator).squeeze(-1)
+    probs = torch.softmax(filtered, dim=-1)
+    if row_generators is None or all(g is None for g in row_generators):
+        sampled = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    else:
+        sampled = torch.zeros(probs.shape[0], dtype=torch.long, device=probs.device)
+        shared = [i for i, g in enumerate(row_generators) if g is None]
+        if shared:
+            sampled[shared] = torch.multinomial(probs[shared], 1, generator=generator).squeeze(-1)
+        for i, g in enumerate(row_generators):
+            if g is not None:
+                sampled[i] = torch.multinomial(probs[i], 1, generator=g)[0]
     tokens = torch.where(greedy, logits.argmax(dim=-1), sampled)
     return tokens, log_probs.gather(-1, tokens[:, None]).squeeze(-1)
 
@@ -212,6 +232,7 @@ class DecodeBatch:
         self.count = torch.zeros(0, dtype=torch.long, device=dev)
         self.out_tokens = torch.zeros((0, 0), dtype=torch.long, device=dev)
         self.out_logps = torch.zeros((0, 0), device=dev)
+        self.row_generators: list[Optional[torch.Generator]] = []  # per-row streams of seeded requests
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -259,6 +280,9 @@ class DecodeBatch:
 
         self._merge_cache(cache, mask.long())
         self.keys += [k for k, _ in items]
+        self.row_generators += [
+            None if r.params.seed is None else torch.Generator(device=dev).manual_seed(r.params.seed) for r in reqs
+        ]
         self.next_pos = torch.cat([self.next_pos, positions[:, -1] + 1])
         self.logits = torch.cat([self.logits, logits])
         self.temperature = torch.cat([self.temperature, col([r.params.temperature for r in reqs])])
@@ -308,7 +332,9 @@ class DecodeBatch:
         if bool((self.penalty != 1.0).any()):
             p = self.penalty[:, None]
             logits = torch.where(self.seen, torch.where(logits > 0, logits / p, logits * p), logits)
-        tokens, logps = process_logits(logits, self.temperature, self.top_k, self.top_p, self.generator)
+        tokens, logps = process_logits(
+            logits, self.temperature, self.top_k, self.top_p, self.generator, row_generators=self.row_generators
+        )
         self.out_tokens[rows, self.count] = tokens
         self.out_logps[rows, self.count] = logps
         self.count += 1
@@ -331,6 +357,7 @@ class DecodeBatch:
             keep = (~finished).nonzero().squeeze(-1)
             self.cache.batch_select_indices(keep)
             self.keys = [self.keys[i] for i in keep.tolist()]
+            self.row_generators = [self.row_generators[i] for i in keep.tolist()]
             for name in ("attn", "next_pos", "temperature", "top_k", "top_p", "penalty", "max_tokens",
                          "want_logprobs", "seen", "count", "out_tokens", "out_logps"):
                 setattr(self, name, getattr(self, name)[keep])

@@ -48,8 +48,9 @@ def backend_sampling_params(sampling_params: Mapping[str, Any], max_tokens: int)
     """The ``sampling_params`` dict passed to ``RemoteBackend.generate``.
 
     Keeps the keys the contract defines (``temperature``, ``top_p``, ``top_k``,
-    ``logprobs``, ``repetition_penalty``) with verl's defaults when absent, maps
-    ``top_k`` <= 0 to ``-1`` (off) and sets the capped ``max_tokens``.
+    ``logprobs``, ``repetition_penalty``, ``seed``) with verl's defaults when absent, maps
+    ``top_k`` <= 0 to ``-1`` (off) and sets the capped ``max_tokens``. ``seed`` (the
+    sample's own random stream, see :mod:`.seeding`) is passed only when set.
     """
     top_k = sampling_params.get("top_k", -1)
     top_k = -1 if top_k is None or int(top_k) <= 0 else int(top_k)
@@ -62,6 +63,8 @@ def backend_sampling_params(sampling_params: Mapping[str, Any], max_tokens: int)
     }
     if sampling_params.get("repetition_penalty") is not None:
         params["repetition_penalty"] = float(sampling_params["repetition_penalty"])
+    if sampling_params.get("seed") is not None:
+        params["seed"] = int(sampling_params["seed"])
     return params
 
 

@@ -1,0 +1,61 @@
+"""Per-sample random streams for rollouts: same seeds -> same samples, whatever the arrival order.
+
+verl's agent loop sends every rollout request with a fresh random ``request_id`` and
+no seed, so a sampler that serves concurrent requests from one random generator
+gives results that depend on the order requests arrive and on how they are batched.
+:class:`SeededAgentLoopManager` (set as ``rollout.agent.agent_loop_manager_class``
+by the entry point when left null) runs :class:`SeededAgentLoopWorker`, which adds
+``sampling_params["seed"]`` = :func:`sample_seed` of the run seed and the sample's
+identity - training step, dataset index, rollout index within the prompt's group,
+validation or not - before verl's own agent loop runs. Backends that honour
+``seed`` (the local engine; vLLM behind Arctic) then draw each sample from its own
+stream, so two runs with the same seeds, and a resumed run, sample the same tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import ray
+
+from verl.experimental.agent_loop.agent_loop import AgentLoopManager, AgentLoopWorker
+
+__all__ = ["run_seed", "sample_seed", "SeededAgentLoopWorker", "SeededAgentLoopManager", "MANAGER_FQN"]
+
+MANAGER_FQN = f"{__name__}.SeededAgentLoopManager"
+
+
+def run_seed(config: Any) -> int:
+    """The run's sampling seed: ``data.seed`` when set, else ``actor_rollout_ref.actor.data_loader_seed`` (42)."""
+    from omegaconf import OmegaConf
+
+    seed = OmegaConf.select(config, "data.seed", default=None)
+    if seed is None:
+        seed = OmegaConf.select(config, "actor_rollout_ref.actor.data_loader_seed", default=42)
+    return int(42 if seed is None else seed)
+
+
+def sample_seed(seed: int, step: Any, sample_index: Any, rollout_n: Any, validate: Any) -> int:
+    """A stable 63-bit seed for one sample (same inputs -> same seed on every machine and run)."""
+    key = repr((int(seed), int(step), str(sample_index), int(rollout_n), bool(validate))).encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") >> 1
+
+
+class SeededAgentLoopWorker(AgentLoopWorker):
+    """verl's agent-loop worker, adding each sample's own ``seed`` to its sampling parameters."""
+
+    async def _run_agent_loop(self, sampling_params: dict[str, Any], trajectory: dict[str, Any], **kwargs: Any) -> Any:
+        if sampling_params.get("seed") is None:
+            seed = sample_seed(
+                run_seed(self.config), trajectory["step"], trajectory["sample_index"], trajectory["rollout_n"],
+                trajectory.get("validate", False),
+            )  # fmt: skip
+            sampling_params = {**sampling_params, "seed": seed}
+        return await super()._run_agent_loop(sampling_params, trajectory, **kwargs)
+
+
+class SeededAgentLoopManager(AgentLoopManager):
+    """verl's ``AgentLoopManager`` whose workers are :class:`SeededAgentLoopWorker`."""
+
+    agent_loop_workers_class = ray.remote(SeededAgentLoopWorker)
