@@ -75,6 +75,12 @@ def build_gsm8k(
     return str(out_dir / "train.parquet"), str(out_dir / "test.parquet")
 
 
+def e2e_assets(root: Path) -> dict[str, str]:
+    """The tiny model and the gsm8k subset under ``root``: ``{"model", "train", "test"}`` paths."""
+    train, test = build_gsm8k(root / "data")
+    return {"model": build_model(root / "model"), "train": train, "test": test}
+
+
 def small_ci_overrides(
     *,
     model: str,

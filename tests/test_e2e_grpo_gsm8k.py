@@ -12,16 +12,14 @@ import math
 
 import pytest
 
-from remote_e2e import REQUIRED_STEP_METRICS, build_gsm8k, build_model, run_entry, small_ci_overrides
+from remote_e2e import REQUIRED_STEP_METRICS, e2e_assets, run_entry, small_ci_overrides
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    root = tmp_path_factory.mktemp("e2e_assets")
-    train, test = build_gsm8k(root / "data")
-    return {"model": build_model(root / "model"), "train": train, "test": test}
+    return e2e_assets(tmp_path_factory.mktemp("e2e_assets"))
 
 
 @pytest.mark.timeout(900)

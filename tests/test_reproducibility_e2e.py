@@ -14,7 +14,7 @@ import math
 
 import pytest
 
-from remote_e2e import REPO_ROOT, build_gsm8k, build_model, run_entry, small_ci_overrides
+from remote_e2e import REPO_ROOT, e2e_assets, run_entry, small_ci_overrides
 
 pytestmark = pytest.mark.slow
 
@@ -45,9 +45,7 @@ def _weights_digest(ckpt, step) -> str:
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    root = tmp_path_factory.mktemp("repro_assets")
-    train, test = build_gsm8k(root / "data")
-    return {"model": build_model(root / "model"), "train": train, "test": test}
+    return e2e_assets(tmp_path_factory.mktemp("repro_assets"))
 
 
 @pytest.mark.timeout(2400)

@@ -16,7 +16,7 @@ import os
 
 import pytest
 
-from remote_e2e import TESTS_DIR, build_gsm8k, build_model, run_entry, small_ci_overrides
+from remote_e2e import TESTS_DIR, e2e_assets, run_entry, small_ci_overrides
 
 pytestmark = pytest.mark.slow
 
@@ -28,9 +28,7 @@ PROBE_ENV = {
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    root = tmp_path_factory.mktemp("resume_assets")
-    train, test = build_gsm8k(root / "data")
-    return {"model": build_model(root / "model"), "train": train, "test": test}
+    return e2e_assets(tmp_path_factory.mktemp("resume_assets"))
 
 
 def _overrides(assets, ckpt, steps, resume_mode):

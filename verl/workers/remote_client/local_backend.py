@@ -29,7 +29,7 @@ from verl.remote_backend.batch_ref import BatchRef
 from verl.remote_backend.registry import RemoteBackendRegistry
 from verl.remote_backend.wire import to_wire
 
-from .local.config import ConfigError, EngineSettings
+from .local.config import ConfigError, EngineSettings, LocalBackendConfig
 from .local.transport import outputs_to_torch
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ class LocalBackend(RemoteBackend):
     # ------------------------------------------------------------ lifecycle
     @classmethod
     def check_config(cls, main_config: "DictConfig") -> None:
-        """Before Ray starts (optional capability): the engine's settings, and a GPU for ``device=cuda``.
+        """Before Ray starts (optional capability): ``remote_backend.local.*``, and a GPU for ``device=cuda``.
 
         A run that starts its own Ray cluster (no ``ray_kwargs.ray_init.address``) on a machine
         without a visible CUDA device would otherwise wait for Ray's autoscaler to find a GPU
@@ -73,11 +73,12 @@ class LocalBackend(RemoteBackend):
         Raises:
             ConfigError: naming the key, the value and the fix.
         """
-        settings = EngineSettings.from_main_config(main_config)
-        if settings.backend.device != "cuda":
-            return
         from omegaconf import OmegaConf
 
+        block = OmegaConf.select(main_config, "remote_backend.local", default=None)
+        raw = OmegaConf.to_container(block, resolve=True) if block is not None else None
+        if LocalBackendConfig.from_mapping(raw).device != "cuda":  # the model path is the engine's to check
+            return
         if OmegaConf.select(main_config, "ray_kwargs.ray_init.address", default=None):
             return
         import torch
