@@ -193,3 +193,80 @@ def test_interrupted_checkpoint_write_leaves_the_previous_one(fault, tmp_path, s
         with pytest.raises(CheckpointError, match="does not exist"):
             verify_checkpoint_dir(target)
     assert verify_checkpoint_dir(first)["step"] == 1
+
+
+# ---------------------------------------------------------------- bad input: refused before Ray starts
+def _bad_input_cases():
+    def parquet(path, rows):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist(rows), str(path))
+        return str(path)
+
+    def local_checkpoint(model, root, damage):
+        from verl.workers.remote_client.local.config import EngineSettings
+        from verl.workers.remote_client.local.engine import LocalEngine
+
+        LocalEngine(EngineSettings(model_path=model)).save_checkpoint(str(root / "global_step_1" / "actor"), 1)
+        torch.save({"dataloader": 1}, root / "global_step_1" / "data.pt")
+        (root / "latest_checkpointed_iteration.txt").write_text("1")
+        if damage == "truncated data.pt":
+            data_pt = root / "global_step_1" / "data.pt"
+            data_pt.write_bytes(data_pt.read_bytes()[:50])
+        else:  # same-size corruption: only the sha256 can tell
+            optim = root / "global_step_1" / "actor" / "optimizer.pt"
+            data = bytearray(optim.read_bytes())
+            data[len(data) // 2] ^= 0xFF
+            optim.write_bytes(bytes(data))
+        return [f"trainer.default_local_dir={root}", "trainer.resume_mode=auto"]
+
+    prompt = [{"role": "user", "content": "What is 12 + 30?"}]
+    return {
+        "rollout.n=0": lambda m, t: ["actor_rollout_ref.rollout.n=0"],
+        "train_batch_size=6, ppo_mini_batch_size=4": lambda m, t: ["data.train_batch_size=6", "actor_rollout_ref.actor.ppo_mini_batch_size=4"],
+        "train file without a prompt column": lambda m, t: [f"data.train_files={parquet(t / 'q.parquet', [{'question': 'x'}] * 4)}"],
+        "train file with empty prompts": lambda m, t: [f"data.train_files={parquet(t / 'e.parquet', [{'prompt': prompt}, {'prompt': []}] * 2)}"],
+        "overlong prompts, filtering off": lambda m, t: [
+            f"data.train_files={parquet(t / 'l.parquet', [{'prompt': [{'role': 'user', 'content': 'long ' * 300}]}] * 4)}",
+            "data.filter_overlong_prompts=false",
+        ],
+        "local engine on cuda without a GPU": lambda m, t: ["remote_backend.local.device=cuda"],
+        "resume: truncated data.pt": lambda m, t: local_checkpoint(m, t, "truncated data.pt"),
+        "resume: same-size corruption of optimizer.pt": lambda m, t: local_checkpoint(m, t, "corrupt optimizer.pt"),
+    }
+
+
+BAD_INPUT_EXPECTED = {
+    "rollout.n=0": "actor_rollout_ref.rollout.n=0",
+    "train_batch_size=6, ppo_mini_batch_size=4": "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    "train file without a prompt column": "has no 'prompt' column",
+    "train file with empty prompts": "2 of 4 rows have an empty 'prompt'",
+    "overlong prompts, filtering off": "4 prompt\\(s\\) are longer than data.max_prompt_length",
+    "local engine on cuda without a GPU": "remote_backend.local.device='cuda'",
+    "resume: truncated data.pt": "data.pt is truncated or corrupt",
+    "resume: same-size corruption of optimizer.pt": "optimizer.pt is corrupt: its sha256 does not match",
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUT_EXPECTED))
+def test_bad_input_is_refused_before_ray_starts(fault, model_dir, tmp_path, case):
+    import ray
+
+    from remote_e2e import build_gsm8k, small_ci_overrides
+    from verl.remote_backend.main_ppo import run
+    from verl.remote_backend.reliability import ResumeCheckpointError
+    from verl.remote_backend.validation import RemoteBackendConfigError
+
+    if case.startswith("local engine on cuda") and torch.cuda.device_count() > 0:
+        pytest.skip("this machine has a GPU")
+    train, test = build_gsm8k(tmp_path / "data")
+    base = small_ci_overrides(model=model_dir, train=train, test=test, ckpt_dir=tmp_path / "ckpt", steps=2)
+    changes = _bad_input_cases()[case](model_dir, tmp_path)
+    keys = {c.split("=", 1)[0] for c in changes}
+    overrides = [o for o in base if o.split("=", 1)[0] not in keys] + changes
+    assert not ray.is_initialized()
+    error = ResumeCheckpointError if case.startswith("resume") else RemoteBackendConfigError
+    with fault.expect(error, match=BAD_INPUT_EXPECTED[case], within_s=15):
+        run(compose(overrides))
+    assert not ray.is_initialized(), "refused after Ray started"
