@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 import torch
@@ -161,8 +162,13 @@ def test_owner_destroy_is_idempotent_and_stops_the_engine(ray_session, cfg):
     assert ray.get(actor.info.remote())["pid"]
     b.destroy()
     b.destroy()
+    # ray.kill is asynchronous: a call sent right after it may still be served, so poll until the
+    # actor is gone (a live actor keeps answering and the deadline fails the test).
+    deadline = time.monotonic() + 60
     with pytest.raises(ray.exceptions.RayActorError):
-        ray.get(actor.info.remote(), timeout=60)
+        while time.monotonic() < deadline:
+            ray.get(actor.info.remote(), timeout=60)
+            time.sleep(0.2)
     with pytest.raises(RuntimeError, match="destroyed"):
         run(b.update_weights())
 
