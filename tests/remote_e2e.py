@@ -132,6 +132,59 @@ def small_ci_overrides(
     ]
 
 
+def verl_grpo_gsm8k_line(
+    *, model: str, train: str, test: str, ckpt_dir: Path, backend: str, steps: int = 1, batch_size: int = 4, rollout_n: int = 2
+) -> list[str]:
+    """verl's own GRPO-on-gsm8k command line (its ``examples/grpo_trainer`` Qwen2 script: vLLM
+    rollout with tensor parallel 2, FSDP actor, KL loss, 8 GPUs per node), with only the model and
+    data paths and the batch/length/step sizes changed for a CPU box, plus ``trainer.remote_backend``.
+    Every other key is verl's, including the ones that describe verl's own GPU engines: the entry
+    point derives what the remote path needs (``trainer.logger`` keeps wandb; run with
+    ``WANDB_MODE=offline``). ``trainer.default_local_dir`` keeps the run's files in the test folder."""
+    return [
+        "algorithm.adv_estimator=grpo",
+        f"data.train_files={train}",
+        f"data.val_files={test}",
+        f"data.train_batch_size={batch_size}",
+        "data.max_prompt_length=192",
+        "data.max_response_length=16",
+        "data.filter_overlong_prompts=True",
+        "data.truncation=error",
+        f"actor_rollout_ref.model.path={model}",
+        "actor_rollout_ref.actor.optim.lr=1e-6",
+        "actor_rollout_ref.model.use_remove_padding=True",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={batch_size}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={batch_size * rollout_n}",
+        "actor_rollout_ref.actor.use_kl_loss=True",
+        "actor_rollout_ref.actor.kl_loss_coef=0.001",
+        "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+        "actor_rollout_ref.actor.entropy_coeff=0",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+        "actor_rollout_ref.actor.fsdp_config.param_offload=False",
+        "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={batch_size * rollout_n}",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.6",
+        f"actor_rollout_ref.rollout.n={rollout_n}",
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={batch_size * rollout_n}",
+        "actor_rollout_ref.ref.fsdp_config.param_offload=True",
+        "algorithm.use_kl_in_reward=False",
+        "trainer.critic_warmup=0",
+        'trainer.logger=["console","wandb"]',
+        "trainer.project_name=verl_grpo_example_gsm8k",
+        "trainer.experiment_name=qwen2_7b_function_rm",
+        "trainer.n_gpus_per_node=8",
+        "trainer.nnodes=1",
+        "trainer.save_freq=20",
+        "trainer.test_freq=5",
+        "trainer.total_epochs=15",
+        f"trainer.total_training_steps={steps}",
+        f"trainer.default_local_dir={ckpt_dir}",
+        f"trainer.remote_backend={backend}",
+    ]
+
+
 def compose(overrides: Sequence[str]):
     """The entry point's composed config for ``overrides`` (no Ray, nothing started)."""
     from hydra import compose as hydra_compose
@@ -156,8 +209,26 @@ class RunResult:
                 return entry["data"]
         raise AssertionError(f"no metrics logged for step {n}; steps: {[m['step'] for m in self.metrics]}")
 
+    def console_step(self, n: int) -> dict[str, float]:
+        """Step ``n``'s metrics as verl's ``console`` logger printed them (``step:N - key:value - ...``),
+        for runs whose ``trainer.logger`` has no ``file`` logger."""
+        for line in self.output.splitlines():
+            _, marker, rest = line.partition(f"step:{n} - ")
+            if marker:
+                pairs = (item.rsplit(":", 1) for item in rest.split(" - ") if ":" in item)
+                return {key.strip(): float(value) for key, value in pairs if _is_number(value)}
+        raise AssertionError(f"verl printed no metrics line for step {n}")
+
     def tail(self, chars: int = 6000) -> str:
         return self.output[-chars:]
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
 
 
 def _tree(pid: int) -> list:

@@ -104,7 +104,7 @@ def test_a_named_backend_runs_verls_run_ppo_with_our_task_runner(monkeypatch, tm
     ]
     run(compose(overrides))
     ((config, runner_cls),) = calls
-    assert runner_cls.__ray_actor_class__ is RemoteBackendTaskRunner
+    assert runner_cls.actor_class.__ray_actor_class__ is RemoteBackendTaskRunner  # via the Ctrl-C launcher
     assert config.ray_kwargs.ray_init.num_cpus >= 2  # filled in: runner + forwarder + backend headroom
     with substitute_trainer_class(RemoteBackendTrainer):
         assert verl_main_ppo.RayPPOTrainer is RemoteBackendTrainer

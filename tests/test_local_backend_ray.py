@@ -8,6 +8,8 @@ import time
 import pytest
 import torch
 
+from verl.remote_backend.reliability import BackendClosedError
+
 from local_backend_helpers import (  # noqa: F401  (fixture)
     dense_rollout_batch,
     main_config,
@@ -169,7 +171,7 @@ def test_owner_destroy_is_idempotent_and_stops_the_engine(ray_session, cfg):
         while time.monotonic() < deadline:
             ray.get(actor.info.remote(), timeout=60)
             time.sleep(0.2)
-    with pytest.raises(RuntimeError, match="destroyed"):
+    with pytest.raises(BackendClosedError, match="destroyed"):
         run(b.update_weights())
 
 

@@ -234,6 +234,23 @@ def test_a_ray_actor_death_is_recognised_without_a_probe():
         run(guard.call("generate", dies))
 
 
+def test_a_call_on_a_destroyed_client_is_reported_as_a_stop_not_a_death(caplog):
+    """Teardown destroys the rollout servers' clients while the agent loop may still submit a
+    request; that request's failure is the run's own shutdown, not a crash."""
+    from verl.remote_backend.reliability import BackendClosedError, BackendStoppedError
+
+    guard = BackendGuard(FakeBackend(with_health=False), name="local", settings=settings())
+
+    async def after_destroy():
+        raise BackendClosedError("this LocalBackend was destroyed; create or re-attach a new one")
+
+    with caplog.at_level("WARNING", logger="verl.remote_backend.guard"):
+        with pytest.raises(BackendStoppedError, match=r"'local' was stopped during generate \(.*was destroyed.*\).*not a crash"):
+            run(guard.call("generate", after_destroy))
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], "a stop must not be logged as an error"
+    assert "died" not in str(guard.dead)
+
+
 def test_an_engine_stopped_by_ray_kill_is_reported_as_a_stop_not_a_death(caplog):
     """Our teardown kills the engine actor after another failure; calls still in flight must say so,
     not announce a crash (the real cause is reported first, elsewhere)."""
@@ -260,7 +277,7 @@ def test_an_engine_stopped_by_ray_kill_is_reported_as_a_stop_not_a_death(caplog)
             return await call
 
         with caplog.at_level("WARNING", logger="verl.remote_backend.guard"):
-            with pytest.raises(BackendStoppedError, match=r"'local' was stopped during generate by `ray.kill`.*not a crash"):
+            with pytest.raises(BackendStoppedError, match=r"'local' was stopped during generate \(.*ray.kill.*\).*not a crash"):
                 run(in_flight_then_teardown())
         assert not [r for r in caplog.records if r.levelname == "ERROR"], "a stop must not be logged as an error"
         assert "died" not in str(guard.dead)

@@ -38,7 +38,9 @@ class MyEngineBackend(RemoteBackend):
         return self._inner.destroy()
 
     def requires_single_forwarder(self) -> bool:
-        return self._inner.requires_single_forwarder()
+        # A constant, as for most engines: the entry point can then read it before anything starts
+        # and derive trainer.n_gpus_per_node=1 from a verl command line written for 8 GPUs.
+        return True
 
     async def compute_log_prob(self, data, *, ref, calculate_entropy, rollout_n, temperature, pad_token_id):
         print(f"[my-engine] compute_log_prob ref={ref}", flush=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import re
 
 import pytest
 import torch
@@ -254,6 +255,7 @@ def test_bad_input_is_refused_before_ray_starts(fault, model_dir, tmp_path, case
     import ray
 
     from remote_e2e import build_gsm8k, small_ci_overrides
+    from verl.remote_backend.failure_report import failure_report
     from verl.remote_backend.main_ppo import run
     from verl.remote_backend.reliability import ResumeCheckpointError
     from verl.remote_backend.validation import RemoteBackendConfigError
@@ -267,6 +269,10 @@ def test_bad_input_is_refused_before_ray_starts(fault, model_dir, tmp_path, case
     overrides = [o for o in base if o.split("=", 1)[0] not in keys] + changes
     assert not ray.is_initialized()
     error = ResumeCheckpointError if case.startswith("resume") else RemoteBackendConfigError
-    with fault.expect(error, match=BAD_INPUT_EXPECTED[case], within_s=15):
+    with fault.expect(error, match=BAD_INPUT_EXPECTED[case], within_s=15) as outcome:
         run(compose(overrides))
     assert not ray.is_initialized(), "refused after Ray started"
+    # what the user sees first (main_ppo.main prints it before Hydra's traceback): the cause and the fix
+    first = failure_report(outcome.error).splitlines()[0]
+    assert first.startswith(f"[remote_backend] run failed: {error.__name__}: ") and re.search(BAD_INPUT_EXPECTED[case], first)
+    assert re.search(r"\b[Ff]ix\b|start over with|set ", first), first

@@ -479,6 +479,10 @@ def test_full_run_engine_killed_during_update(fault, tmp_path):
     assert "UnserializableException" not in output
     assert re.search(r"RayTaskError\(BackendDiedError\)", output), output[-6000:]
     assert "[remote_backend] destroyed backend 'fault-local'" in output
+    # the short block (cause first) comes before Hydra's error line and the traceback
+    block = output.find("[remote_backend] run failed: BackendDiedError: remote backend 'fault-local' died during update_actor")
+    assert block != -1, output[-6000:]
+    assert block < output.find("Error executing job") and block < output.rfind("Traceback (most recent call last)")
     assert exited_at - float(kill.group(3)) < 120, "the driver took too long to exit after the failure"
     assert gone(int(kill.group(1)))
     assert not leaked, f"processes outlived the run: {[(p.pid, _name(p)) for p in leaked]}"
@@ -498,3 +502,101 @@ def _name(p: psutil.Process) -> str:
         return " ".join(p.cmdline())[:120]
     except psutil.Error:
         return "?"
+
+
+# ---------------------------------------------------------------- interrupts of a full run
+INTERRUPT_BOUND_S = 15  # Ctrl-C to exit (the reliability issue)
+ORPHAN_BOUND_S = 30  # driver SIGKILL to no process of the run left
+
+
+def _start_long_run(tmp_path: Path) -> tuple[subprocess.Popen, Path, Path]:
+    """A 50-step run saving every step, in a session of its own (so a "terminal" Ctrl-C can reach its
+    whole process group); returns once step 2 is logged: (process, log file, checkpoint root)."""
+    data_dir, ckpt = tmp_path / "data", tmp_path / "ckpt"
+    train, test = build_gsm8k(data_dir, max_train=16, max_test=4)
+    overrides = small_ci_overrides(
+        model=build_model(tmp_path / "model"), train=train, test=test, ckpt_dir=ckpt, steps=50, save_freq=1,
+        batch_size=2, rollout_n=2,
+    )  # fmt: skip
+    metrics, log = tmp_path / "metrics.jsonl", tmp_path / "run.log"
+    env = dict(os.environ, VERL_FILE_LOGGER_PATH=str(metrics), RAY_DEDUP_LOGS="0")
+    cmd = [sys.executable, "-m", "verl.remote_backend.main_ppo", f"hydra.run.dir={tmp_path}/hydra", *overrides]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 2:
+            return proc, log, ckpt
+        time.sleep(0.5)
+    proc.kill()
+    raise AssertionError(f"the run did not reach step 2 (rc {proc.poll()}):\n{log.read_text(errors='replace')[-6000:]}")
+
+
+def _survivors(seen: dict, within_s: float) -> list:
+    """Processes of ``seen`` still alive ``within_s`` from now (polled; the rest are killed after)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        alive = [p for p in seen.values() if _alive(p)]
+        if not alive:
+            return []
+        time.sleep(0.5)
+    alive = [p for p in seen.values() if _alive(p)]
+    for p in alive:
+        p.kill()
+    return alive
+
+
+def test_ctrl_c_exits_130_destroys_the_backend_and_prints_the_resume_command(fault, tmp_path):
+    proc, log, ckpt = _start_long_run(tmp_path)
+    seen = {p.pid: p for p in _tree(proc.pid) if p.pid != proc.pid}
+    start = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+    try:
+        rc = proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        rc = proc.wait()
+    seconds = time.monotonic() - start
+    output = log.read_text(errors="replace")
+    saved = int((ckpt / "latest_checkpointed_iteration.txt").read_text())
+    fault.protect(str(ckpt / f"global_step_{saved}" / "actor"))
+    report = re.search(
+        r"\[remote_backend\] interrupted \(Ctrl-C\) after step (\d+)\n  backend 'local': destroyed\n"
+        r"  last complete checkpoint: (\S+) \(step (\d+)\)\n  resume with: (.+)",
+        output,
+    )
+    fault.observed(
+        "Ctrl-C during a run (exit 130, backend destroyed, resume command)",
+        surfaced=rc == 130 and report is not None,
+        seconds=seconds,
+        within_s=INTERRUPT_BOUND_S,
+        detail=output[-6000:],
+    )
+    step, path, path_step, resume = int(report.group(1)), report.group(2), int(report.group(3)), report.group(4)
+    assert path == str(ckpt / f"global_step_{saved}") and path_step == saved and step >= 2
+    assert resume.startswith("python -m verl.remote_backend.main_ppo ") and resume.endswith("trainer.resume_mode=auto")
+    assert "trainer.resume_mode=disable" not in resume and f"trainer.default_local_dir={ckpt}" in resume
+    assert "[remote_backend] destroyed backend 'local'" in output
+    assert "died during" not in output, "the run's own teardown was reported as a backend death"
+    assert "KeyboardInterrupt" not in output.split("[remote_backend] interrupted")[-1]
+    leaked = _survivors(seen, ORPHAN_BOUND_S)
+    assert not leaked, f"processes outlived the run: {[(p.pid, _name(p)) for p in leaked]}"
+
+
+def test_killed_driver_leaves_no_process_of_the_run(fault, tmp_path):
+    proc, log, ckpt = _start_long_run(tmp_path)
+    seen = {p.pid: p for p in _tree(proc.pid) if p.pid != proc.pid}
+    assert any("EngineActor" in _name(p) for p in seen.values()), "the engine is not among the run's processes"
+    start = time.monotonic()
+    proc.kill()
+    proc.wait()
+    leaked = _survivors(seen, ORPHAN_BOUND_S)
+    fault.observed(
+        "driver SIGKILLed: no process of the run left",
+        surfaced=not leaked,
+        seconds=time.monotonic() - start,
+        within_s=ORPHAN_BOUND_S,
+        detail=f"left: {[(p.pid, _name(p)) for p in leaked]}",
+    )
+    saved = int((ckpt / "latest_checkpointed_iteration.txt").read_text())
+    fault.protect(str(ckpt / f"global_step_{saved}" / "actor"))

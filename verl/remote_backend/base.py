@@ -161,7 +161,9 @@ class RemoteBackend(abc.ABC):
         """Release the backend. Sync or async; idempotent (safe to call twice).
 
         The creating instance shuts the engine down; an instance that merely
-        re-attached through a handle must only drop its own connection."""
+        re-attached through a handle must only drop its own connection. Calls made
+        afterwards raise :class:`~verl.remote_backend.reliability.BackendClosedError`,
+        which the trainer reports as its own teardown, not as a backend death."""
 
     @abc.abstractmethod
     def requires_single_forwarder(self) -> bool:

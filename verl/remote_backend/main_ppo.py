@@ -6,11 +6,14 @@ Composes verl's own ``ppo_trainer`` config plus this project's keys
 * ``trainer.remote_backend=null`` (default): calls verl's ``run_ppo(config)`` -
   verl's TaskRunner and ``RayPPOTrainer``, exactly as
   ``python -m verl.trainer.main_ppo`` would;
-* ``trainer.remote_backend=<name>``: validates the config on the driver
+* ``trainer.remote_backend=<name>``: derives the keys that have one valid value on the
+  remote path (``derived_settings.py``, printed in one line), validates the config on the driver
   (before Ray starts), gives Ray enough logical CPUs when
   ``ray_kwargs.ray_init.num_cpus`` is null, seeds every rollout sample from
   its identity (``remote_rollout/seeding.py``) and calls verl's ``run_ppo`` with
-  :class:`~verl.remote_backend.task_runner.RemoteBackendTaskRunner`.
+  :class:`~verl.remote_backend.task_runner.RemoteBackendTaskRunner`. Ctrl-C tears the run
+  down and exits with 130 (``interrupts.py``); a killed driver leaves nothing running
+  (``reaper.py``).
 
 ``main()`` is the hydra-decorated console entry; :func:`run` takes an already
 composed config (tests, notebooks, other launchers).
@@ -19,17 +22,32 @@ composed config (tests, notebooks, other launchers).
 from __future__ import annotations
 
 import os
-from typing import Any
+import sys
+from collections.abc import Collection
+from typing import Any, Optional
 
 import hydra
 
-from verl.remote_backend.validation import required_ray_cpus, validate_remote_backend_config
+from verl.remote_backend.derived_settings import derive_remote_settings, describe, explicit_override_keys
+from verl.remote_backend.failure_report import failure_report, root_cause
+from verl.remote_backend.interrupts import (
+    EXIT_CODE_INTERRUPTED,
+    RunInterruptedError,
+    RunnerLauncher,
+    interrupt_report,
+)
+from verl.remote_backend.reaper import start_reaper
+from verl.remote_backend.validation import backend_name, required_ray_cpus, validate_remote_backend_config
 
 __all__ = ["main", "run"]
 
 # Logical CPUs added on top of what runner + forwarders reserve, for the backend's own
 # actors (e.g. the local engine asks for remote_backend.local.num_cpus).
 _BACKEND_CPU_HEADROOM = 4
+
+# Seconds the driver waits, after Ctrl-C, for the runner to tear the backend down (the whole
+# exit stays within 15 s; what is not torn down by then stops with Ray's shutdown).
+_INTERRUPT_TEARDOWN_S = 10.0
 
 
 def _ensure_ray_cpus(config: Any) -> None:
@@ -58,8 +76,12 @@ def _seed_each_sample(config: Any) -> None:
             agent.agent_loop_manager_class = MANAGER_FQN
 
 
-def run(config: Any) -> None:
-    """Run PPO/GRPO for a composed config (see module docstring)."""
+def run(config: Any, explicit_keys: Optional[Collection[str]] = None) -> None:
+    """Run PPO/GRPO for a composed config (see module docstring).
+
+    ``explicit_keys``: the keys the user set (Hydra overrides); with a remote backend, keys with
+    one valid value are derived (``derived_settings.py``) unless set explicitly to a value that
+    cannot work. ``None`` treats every key as left at its default."""
     import ray
 
     from verl.experimental.reward_loop import migrate_legacy_reward_impl
@@ -68,6 +90,9 @@ def run(config: Any) -> None:
 
     auto_set_device(config)
     config = migrate_legacy_reward_impl(config)
+    derived = derive_remote_settings(config, explicit_keys)
+    if derived:
+        print(describe(backend_name(config), derived), flush=True)
     plan = validate_remote_backend_config(config)
     if plan is None:
         run_ppo(config)
@@ -81,13 +106,51 @@ def run(config: Any) -> None:
         f"[remote_backend] backend={plan.name} forwarders={plan.num_forwarders} replicas={plan.num_replicas} "
         f"resume_from={plan.resume_from}"
     )
-    run_ppo(config, task_runner_class=ray.remote(num_cpus=1)(RemoteBackendTaskRunner))
+    start_reaper()  # a killed driver leaves no process of the run behind
+    launcher = RunnerLauncher(ray.remote(num_cpus=1)(RemoteBackendTaskRunner))
+    try:
+        run_ppo(config, task_runner_class=launcher)
+    except KeyboardInterrupt:
+        interrupted = launcher.interrupt(wait_s=_INTERRUPT_TEARDOWN_S)
+        print(interrupt_report(config, plan.name, interrupted), flush=True)
+        raise SystemExit(EXIT_CODE_INTERRUPTED) from None
+    except Exception as exc:
+        cause = root_cause(exc)
+        if not isinstance(cause, RunInterruptedError):  # the runner took the SIGINT first
+            raise
+        print(interrupt_report(config, plan.name, cause), flush=True)
+        raise SystemExit(EXIT_CODE_INTERRUPTED) from None
 
 
 @hydra.main(config_path="config", config_name="remote_ppo_trainer", version_base=None)
 def main(config: Any) -> None:
-    """Hydra entry point (``python -m verl.remote_backend.main_ppo``)."""
-    run(config)
+    """Hydra entry point (``python -m verl.remote_backend.main_ppo``).
+
+    A failure prints :func:`~verl.remote_backend.failure_report.failure_report` (cause, fix, logs)
+    before Hydra's own error line and the traceback."""
+    try:
+        run(config, explicit_keys=_hydra_override_keys())
+    except Exception as exc:
+        print(failure_report(exc, run_dir=_hydra_output_dir()), file=sys.stderr, flush=True)
+        raise
+
+
+def _hydra_override_keys() -> Optional[frozenset[str]]:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return explicit_override_keys(HydraConfig.get().overrides.task)
+    except Exception:  # noqa: BLE001 - not under Hydra: keys unknown
+        return None
+
+
+def _hydra_output_dir() -> Optional[str]:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return str(HydraConfig.get().runtime.output_dir)
+    except Exception:  # noqa: BLE001 - only used in messages
+        return None
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ __all__ = [
     "BackendTransportError",
     "ResumeCheckpointError",
     "BackendStoppedError",
+    "BackendClosedError",
     "is_stop_error",
     "TimeoutSettings",
     "LivenessSettings",
@@ -108,8 +109,16 @@ class BackendDiedError(BackendError):
         )
 
 
+class BackendClosedError(RuntimeError):
+    """A call on a backend client after its ``destroy()`` - the run's own teardown, not a crash.
+
+    Adapters raise it (with a message saying which client) from every call made after
+    ``destroy()``; the guard turns it into :class:`BackendStoppedError`, never a death.
+    """
+
+
 class BackendStoppedError(BackendDiedError):
-    """The backend's actor was stopped on purpose (``ray.kill``), not crashed.
+    """The backend was stopped on purpose (``ray.kill``, or its client destroyed), not crashed.
 
     The run's own teardown kills the engine after another failure (reported on its own,
     first); calls still in flight then end with this error, which says so instead of
@@ -121,14 +130,23 @@ class BackendStoppedError(BackendDiedError):
         self.op, self.backend, self.logs = op, backend, logs
         BackendError.__init__(
             self,
-            f"remote backend {backend!r} was stopped during {op} by `ray.kill`: the run is shutting down (the "
-            "failure that caused it is reported separately) or someone stopped it - not a crash of the backend. "
+            f"remote backend {backend!r} was stopped during {op} ({_last_line(cause)}): the run is shutting down (after a "
+            "failure, reported separately, or Ctrl-C) or someone stopped it - not a crash of the backend. "
             f"Its logs: {logs}.",
         )
 
 
+def _last_line(text: str) -> str:
+    """Ray's actor errors put the reason (e.g. "killed by `ray.kill`") on their last line."""
+    lines = [line for line in str(text).strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""
+
+
 def is_stop_error(exc: BaseException) -> bool:
-    """A Ray actor death caused by ``ray.kill`` (an intended stop, e.g. our own teardown)."""
+    """An intended stop, e.g. our own teardown: a Ray actor death caused by ``ray.kill``, or a call
+    on a destroyed client (:class:`BackendClosedError`)."""
+    if isinstance(exc, BackendClosedError):
+        return True
     return bool(_names(exc) & _DEATH_NAMES) and "killed by `ray.kill`" in str(exc)
 
 
@@ -335,7 +353,7 @@ def is_death_error(exc: BaseException) -> bool:
     names = _names(exc)
     if names & _TRANSIENT_NAMES:  # Ray's "unavailable" subclasses its actor error but may recover
         return False
-    return isinstance(exc, BackendDiedError) or bool(names & _DEATH_NAMES)
+    return isinstance(exc, (BackendDiedError, BackendClosedError)) or bool(names & _DEATH_NAMES)
 
 
 def is_retryable(op: str, exc: BaseException) -> bool:

@@ -12,12 +12,14 @@ anything else.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from typing import Any
 
 import ray
 
 from verl.remote_backend.cpu_compat import install_flash_attn_fallback
+from verl.remote_backend.interrupts import RunInterruptedError, sigint_raises_keyboard_interrupt
 from verl.remote_backend.trainer import CPUResourcePoolManager, RemoteBackendTrainer, forwarder_role
 from verl.trainer.main_ppo import TaskRunner
 
@@ -57,7 +59,15 @@ class RemoteBackendTaskRunner(TaskRunner):
         """verl's pool spec, served by CPU-only placement groups."""
         return CPUResourcePoolManager.from_manager(super().init_resource_pool_mgr(config))
 
+    def process_identity(self) -> tuple[int, str]:
+        """``(pid, Ray node id)`` of this runner, for the driver's Ctrl-C forwarding."""
+        return os.getpid(), ray.get_runtime_context().get_node_id()
+
     def run(self, config: Any) -> None:
+        """verl's ``TaskRunner.run``; a SIGINT ends it with :class:`RunInterruptedError` after teardown."""
         install_flash_attn_fallback()
-        with substitute_trainer_class(RemoteBackendTrainer):
-            super().run(config)
+        try:
+            with sigint_raises_keyboard_interrupt(), substitute_trainer_class(RemoteBackendTrainer):
+                super().run(config)
+        except KeyboardInterrupt:  # before or after fit(): whatever was built has been torn down
+            raise RunInterruptedError(step=None) from None

@@ -37,6 +37,7 @@ import ray
 from verl.remote_backend.base import RemoteBackend
 from verl.remote_backend.cpu_compat import install_flash_attn_fallback
 from verl.remote_backend.guard import run_with_timeout
+from verl.remote_backend.interrupts import RunInterruptedError
 from verl.remote_backend.registry import RemoteBackendRegistry
 from verl.remote_backend.reliability import BackendTimeoutError, ReliabilitySettings
 from verl.remote_backend.validation import (
@@ -111,13 +112,15 @@ class RemoteBackendTrainer(RayPPOTrainer):
         *args: Any,
         **kwargs: Any,
     ) -> None:
-        plan = validate_remote_backend_config(config)
+        # The entry point already read the data files and checksummed the checkpoint on the driver.
+        plan = validate_remote_backend_config(config, scan_files=False)
         if plan is None:
             raise ValueError(
                 "RemoteBackendTrainer needs trainer.remote_backend=<name>; with null use verl's RayPPOTrainer"
             )
         self.plan: RemoteRunPlan = plan
         self.backend: Optional[RemoteBackend] = None
+        self._backend_destroyed = False
         self._handle: Optional[dict[str, Any]] = None
         self._forwarded_wall_s = 0.0  # driver seconds of this step's forwarded calls so far
         install_flash_attn_fallback()
@@ -186,18 +189,30 @@ class RemoteBackendTrainer(RayPPOTrainer):
         return output
 
     def fit(self) -> None:
-        """verl's training loop; the backend is destroyed afterwards, whatever happens."""
+        """verl's training loop; the backend is destroyed afterwards, whatever happens.
+
+        Raises:
+            RunInterruptedError: Ctrl-C (SIGINT, see :mod:`verl.remote_backend.interrupts`),
+                after the backend's teardown; carries the last step that finished.
+        """
         try:
             super().fit()
+        except KeyboardInterrupt:
+            # verl's loop advances global_steps after each finished step.
+            finished = max(int(getattr(self, "global_steps", 1)) - 1, 0)
+            raise RunInterruptedError(step=finished, backend_destroyed=self.destroy_backend()) from None
         finally:
             self.destroy_backend()
 
     # ------------------------------------------------------------ teardown
-    def destroy_backend(self) -> None:
-        """Detach forwarders and rollout servers, then destroy the backend. Idempotent."""
+    def destroy_backend(self) -> bool:
+        """Detach forwarders and rollout servers, then destroy the backend. Idempotent.
+
+        Returns ``True`` when the backend is gone (destroyed now or before), ``False`` when its
+        ``destroy()`` overran ``remote_backend.timeouts.destroy``."""
         backend, self.backend = self.backend, None
         if backend is None:
-            return
+            return self._backend_destroyed
         refs = []
         wg = getattr(self, "actor_rollout_wg", None)
         if wg is not None:
@@ -224,5 +239,7 @@ class RemoteBackendTrainer(RayPPOTrainer):
         except BackendTimeoutError as exc:  # runs in `finally`: report, never mask the run's own error
             logger.error("%s", exc)
             print(f"[remote_backend] {exc}", flush=True)
-            return
+            return False
+        self._backend_destroyed = True
         print(f"[remote_backend] destroyed backend {self.plan.name!r}", flush=True)
+        return True

@@ -84,7 +84,7 @@ def _fail(setting: str, value: Any, problem: str, fix: str) -> RemoteBackendConf
     return RemoteBackendConfigError(f"{setting}={value!r}: {problem}. Fix: {fix}")
 
 
-def _probe_single_forwarder(backend_cls: type[RemoteBackend]) -> Optional[bool]:
+def probe_single_forwarder(backend_cls: type[RemoteBackend]) -> Optional[bool]:
     """``requires_single_forwarder()`` without creating the engine, or ``None`` if unknown.
 
     The method is an instance method; for almost every backend it returns a
@@ -265,7 +265,9 @@ def _largest_divisor_at_most(value: int, limit: int) -> int:
     return max(d for d in range(1, max(1, min(value, limit)) + 1) if value % d == 0)
 
 
-def validate_remote_backend_config(config: "DictConfig", *, check_resume: bool = True) -> Optional[RemoteRunPlan]:
+def validate_remote_backend_config(
+    config: "DictConfig", *, check_resume: bool = True, scan_files: bool = True
+) -> Optional[RemoteRunPlan]:
     """Check every rule a remote-backend run depends on; return the resolved plan.
 
     Returns ``None`` when ``trainer.remote_backend`` is null (verl's own path,
@@ -277,7 +279,9 @@ def validate_remote_backend_config(config: "DictConfig", *, check_resume: bool =
     sync), the shared ``remote_backend.{timeouts,liveness,retry}`` block, the
     model path and that prompt + response fit the model context and, when
     ``check_resume``, that a requested resume is possible from a complete
-    checkpoint (see :mod:`verl.remote_backend.checkpoints`).
+    checkpoint (see :mod:`verl.remote_backend.checkpoints`). ``scan_files=False`` skips
+    the checks that read whole files (the data files' prompts, the resume checkpoint's
+    checksums): the trainer re-validates with it, after the entry point did the full pass.
 
     Raises:
         RemoteBackendConfigError: the first violated rule.
@@ -346,7 +350,7 @@ def validate_remote_backend_config(config: "DictConfig", *, check_resume: bool =
             "set actor_rollout_ref.rollout.tensor_model_parallel_size=1 (and data/pipeline_model_parallel_size=1)",
         )
     _check_batch_sizes(config)
-    single = _probe_single_forwarder(backend_cls)
+    single = probe_single_forwarder(backend_cls)
     if single:
         check_single_forwarder(name, True, config)
 
@@ -410,10 +414,11 @@ def validate_remote_backend_config(config: "DictConfig", *, check_resume: bool =
         ) from None
     local_model = _check_model_path(config)
     _check_context(config, name, local_model)
-    try:
-        check_data_files(config, tokenizer=_length_tokenizer(config, local_model))
-    except DataFileError as exc:
-        raise RemoteBackendConfigError(str(exc)) from None
+    if scan_files:
+        try:
+            check_data_files(config, tokenizer=_length_tokenizer(config, local_model))
+        except DataFileError as exc:
+            raise RemoteBackendConfigError(str(exc)) from None
     try:
         check_backend_config(backend_cls, config)
     except RemoteBackendConfigError:
@@ -432,7 +437,7 @@ def validate_remote_backend_config(config: "DictConfig", *, check_resume: bool =
             "at an empty directory",
         )
     if resume_from is not None:
-        problem = checkpoint_problem(resume_from, checksums=True) or backend_checkpoint_problem(
+        problem = checkpoint_problem(resume_from, checksums=scan_files) or backend_checkpoint_problem(
             backend_cls, os.path.join(resume_from, "actor"), step_of(resume_from)
         )
         if problem is not None:

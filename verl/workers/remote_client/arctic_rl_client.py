@@ -50,7 +50,7 @@ import arctic_platform.client as arctic_client  # noqa: F401  (fails early with 
 
 from verl.remote_backend.base import BackendDevice, RemoteBackend
 from verl.remote_backend.registry import RemoteBackendRegistry
-from verl.remote_backend.reliability import ResumeCheckpointError
+from verl.remote_backend.reliability import BackendClosedError, ResumeCheckpointError
 from verl.workers.remote_client.arctic import bodies
 from verl.workers.remote_client.arctic import checkpoint as arctic_checkpoint
 from verl.workers.remote_client.arctic.config import ArcticConfig, ConfigError, load_arctic_config
@@ -404,7 +404,7 @@ class ArcticBackend(RemoteBackend):
     # ------------------------------------------------------------ helpers
     def _live_client(self) -> Any:
         if self._client is None:
-            raise RuntimeError("the arctic backend was destroyed")
+            raise BackendClosedError("the arctic backend was destroyed")
         return self._client
 
     async def _call(self, method: str, *args: Any, op: str, concurrent: bool = False, **kwargs: Any) -> Any:

@@ -26,7 +26,9 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from verl.remote_backend.base import RemoteBackend
 from verl.remote_backend.batch_ref import BatchRef
+from verl.remote_backend.failure_report import ray_log_dir
 from verl.remote_backend.registry import RemoteBackendRegistry
+from verl.remote_backend.reliability import BackendClosedError
 from verl.remote_backend.wire import to_wire
 
 from .local.config import ConfigError, EngineSettings, LocalBackendConfig
@@ -67,8 +69,8 @@ class LocalBackend(RemoteBackend):
 
         A run that starts its own Ray cluster (no ``ray_kwargs.ray_init.address``) on a machine
         without a visible CUDA device would otherwise wait for Ray's autoscaler to find a GPU
-        that does not exist. Joining an existing cluster is not checked here (its GPUs are
-        elsewhere).
+        that does not exist. A joined cluster (its GPUs are elsewhere) is checked by
+        :meth:`from_config`, as soon as Ray is up.
 
         Raises:
             ConfigError: naming the key, the value and the fix.
@@ -119,6 +121,14 @@ class LocalBackend(RemoteBackend):
         options: dict[str, Any] = {"num_cpus": cfg.num_cpus, "max_concurrency": 1000}
         if cfg.device == "cuda":
             options["num_gpus"] = 1
+            # A joined cluster is only known now: refuse rather than wait for a GPU it lacks.
+            gpus = ray.cluster_resources().get("GPU", 0)
+            if gpus < 1:
+                raise ConfigError(
+                    "remote_backend.local.device='cuda': the engine would be waiting for 1 GPU that the Ray cluster "
+                    f"does not have (cluster resources: {_resource_summary(ray.cluster_resources())}). Fix: set "
+                    "remote_backend.local.device=cpu, or join a cluster with a GPU node (ray_kwargs.ray_init.address)"
+                )
         actor = remote_engine_class().options(**options).remote(settings)
         try:
             info = ray.get(actor.info.remote())
@@ -128,7 +138,7 @@ class LocalBackend(RemoteBackend):
             if isinstance(cause, Exception) and not isinstance(cause, ray.exceptions.RayError):
                 raise cause from None  # e.g. ConfigError naming actor_rollout_ref.model.path
             raise RuntimeError(f"the local backend engine failed to start: {exc}") from exc
-        return cls(actor, owner=True, info={**info, "ray_log_dir": _ray_log_dir()})
+        return cls(actor, owner=True, info={**info, "ray_log_dir": ray_log_dir()})
 
     def reconnect_handle(self) -> dict[str, Any]:
         """``{"kind": "local", "actor": <Ray actor handle>, "info": {...}}`` - picklable."""
@@ -235,18 +245,13 @@ class LocalBackend(RemoteBackend):
 
     def _live(self) -> Any:
         if self._destroyed or self._actor is None:
-            raise RuntimeError("this LocalBackend was destroyed; create or re-attach a new one")
+            raise BackendClosedError("this LocalBackend was destroyed; create or re-attach a new one")
         return self._actor
 
 
-def _ray_log_dir() -> Optional[str]:
-    """This Ray session's log directory (private Ray API, so best effort)."""
-    try:
-        from ray._private import worker as ray_worker
-
-        return ray_worker._global_node.get_logs_dir_path()
-    except Exception:  # noqa: BLE001 - only used in messages
-        return None
+def _resource_summary(resources: dict[str, float]) -> str:
+    shown = {k: v for k, v in resources.items() if k in ("CPU", "GPU", "memory") or k.endswith("GPU")}
+    return ", ".join(f"{k}={v:g}" for k, v in sorted(shown.items())) or "none"
 
 
 async def _unwrap(ref: Any) -> Any:

@@ -1,0 +1,127 @@
+"""One switch: ``trainer.remote_backend=<name>`` on verl's own GRPO command line is all a user adds.
+
+The fast tests here derive and validate the composed config (no Ray); the slow ones run verl's
+GRPO line through the entry point, with the local backend and with an adapter registered from
+outside the package.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+
+from remote_e2e import (
+    REQUIRED_STEP_METRICS,
+    TESTS_DIR,
+    build_gsm8k,
+    build_model,
+    compose,
+    run_entry,
+    verl_grpo_gsm8k_line,
+)
+from verl.remote_backend.derived_settings import derive_remote_settings, describe, explicit_override_keys
+from verl.remote_backend.validation import RemoteBackendConfigError, validate_remote_backend_config
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("derive")
+    train, test = build_gsm8k(root / "data", max_train=8, max_test=4)
+    return {"model": build_model(root / "model"), "train": train, "test": test, "ckpt": root / "ckpt"}
+
+
+def verl_line(assets, backend="local", **changes) -> list[str]:
+    line = verl_grpo_gsm8k_line(
+        model=assets["model"], train=assets["train"], test=assets["test"], ckpt_dir=assets["ckpt"], backend=backend
+    )
+    keys = {c.split("=", 1)[0] for c in changes.values()}
+    return [o for o in line if o.split("=", 1)[0] not in keys] + list(changes.values())
+
+
+def test_verls_grpo_line_plus_the_switch_is_derived_into_a_valid_remote_run(assets):
+    line = verl_line(assets)
+    config = compose(line)
+    with pytest.raises(RemoteBackendConfigError):  # as composed, verl's GPU layout cannot run remotely
+        validate_remote_backend_config(config)
+    changes = derive_remote_settings(config, explicit_override_keys(line))
+    assert {(c.key, c.before, c.after) for c in changes} == {
+        ("trainer.use_legacy_worker_impl", "auto", "disable"),
+        ("trainer.device", "cuda", "cpu"),
+        ("actor_rollout_ref.rollout.name", "vllm", "remote"),
+        ("actor_rollout_ref.rollout.tensor_model_parallel_size", 2, 1),
+        ("trainer.n_gpus_per_node", 8, 1),
+    }
+    plan = validate_remote_backend_config(config)
+    assert plan.name == "local" and plan.num_forwarders == 1 and plan.num_replicas == 1
+    line_printed = describe("local", changes)
+    assert line_printed.startswith("[remote_backend] set for trainer.remote_backend=local: ")
+    assert "actor_rollout_ref.rollout.name=remote (was vllm)" in line_printed
+    assert derive_remote_settings(config, explicit_override_keys(line)) == []  # idempotent
+
+
+def test_nothing_is_derived_on_verls_own_path(assets):
+    line = [o for o in verl_line(assets) if not o.startswith("trainer.remote_backend=")]
+    config = compose(line)
+    before = str(config)
+    assert derive_remote_settings(config, explicit_override_keys(line)) == []
+    assert str(config) == before
+
+
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        ("trainer.use_legacy_worker_impl=enable", r"trainer.use_legacy_worker_impl='enable' was set explicitly"),
+        ("trainer.device=cuda", r"trainer.device='cuda' was set explicitly.*computes nothing on an accelerator"),
+        ("actor_rollout_ref.rollout.name=my_engine", r"actor_rollout_ref.rollout.name='my_engine' was set explicitly"),
+    ],
+)
+def test_an_explicit_value_the_remote_path_cannot_honour_is_refused(assets, override, match):
+    line = verl_line(assets, change=override)
+    config = compose(line)
+    with pytest.raises(RemoteBackendConfigError, match=match) as err:
+        derive_remote_settings(config, explicit_override_keys(line))
+    assert "Fix: drop " + override.split("=")[0] in str(err.value)
+
+
+def test_the_same_values_left_at_verls_defaults_are_derived_without_complaint(assets):
+    """``trainer.device`` is ``cuda`` by verl's default: derived, not refused, when not on the command line."""
+    line = verl_line(assets)
+    config = compose(line)
+    changes = derive_remote_settings(config, explicit=None)
+    assert ("trainer.device", "cuda", "cpu") in {(c.key, c.before, c.after) for c in changes}
+
+
+def test_explicit_override_keys_reads_hydra_syntax():
+    assert explicit_override_keys(["a.b=1", "+c.d=2", "++e=3", "~f", "hydra.run.dir=x"]) == {"a.b", "c.d", "e", "f"}
+
+
+# ---------------------------------------------------------------- end to end
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("backend", ["local", "my-engine"])
+def test_verls_grpo_command_line_runs_with_only_the_switch_added(tmp_path, backend):
+    """verl's GRPO line, sizes changed for this machine, ``verl.trainer.main_ppo`` replaced by
+    ``verl.remote_backend.main_ppo`` and ``trainer.remote_backend`` added: it trains on CPU,
+    for the built-in local backend and for a third-party adapter (``VERL_USE_EXTERNAL_MODULES``)."""
+    train, test = build_gsm8k(tmp_path / "data", max_train=8, max_test=4)
+    line = verl_grpo_gsm8k_line(
+        model=build_model(tmp_path / "model"), train=train, test=test, ckpt_dir=tmp_path / "ckpt", backend=backend
+    )
+    env = {"WANDB_MODE": "offline"}
+    if backend == "my-engine":
+        env["VERL_USE_EXTERNAL_MODULES"] = "third_party_adapter"
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")]))
+    result = run_entry(line, workdir=tmp_path / "run", env_extra=env)
+    assert result.returncode == 0, result.tail()
+    derived = [ln for ln in result.output.splitlines() if ln.startswith("[remote_backend] set for")]
+    assert len(derived) == 1 and "actor_rollout_ref.rollout.name=remote (was vllm)" in derived[0], derived
+    assert "trainer.n_gpus_per_node=1 (was 8)" in derived[0]
+    metrics = result.console_step(1)  # the line's logger is console + wandb (offline), no file
+    for key in REQUIRED_STEP_METRICS:
+        logged = "perf/mfu/actor" if key == "actor/mfu" else key
+        assert math.isfinite(float(metrics[logged])), logged
+    assert float(metrics["actor/kl_loss"]) >= 0  # verl's KL loss from the line, computed by the backend
+    if backend == "my-engine":
+        assert "[my-engine] update_actor" in result.output

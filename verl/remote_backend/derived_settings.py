@@ -1,0 +1,129 @@
+"""One switch: the verl keys a remote-backend run requires are derived from ``trainer.remote_backend``.
+
+A verl GRPO command line describes verl's own engines (vLLM rollout with tensor parallelism,
+FSDP workers on 8 GPUs per node, the legacy-worker switch on ``auto``). With a remote backend
+those engines are not started - the backend trains and samples - so the keys that describe
+them have exactly one valid value on the remote path. :func:`derive_remote_settings` sets them,
+and the entry point prints one line listing what changed. A value that asks for something the
+remote path cannot do (``use_legacy_worker_impl=enable``, an accelerator for the CPU-only
+forwarders, an unknown rollout engine), set explicitly, is refused with the key and the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional
+
+from omegaconf import OmegaConf, open_dict
+
+from verl.remote_backend.validation import (
+    REMOTE_ROLLOUT_NAME,
+    RemoteBackendConfigError,
+    probe_single_forwarder,
+    backend_name,
+)
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+__all__ = ["DerivedSetting", "derive_remote_settings", "explicit_override_keys", "describe"]
+
+#: verl's own rollout engines: a value naming one describes the engine the backend replaces.
+VERL_ROLLOUT_ENGINES = frozenset({"vllm", "sglang", "hf", "trtllm", "naive", "???"})
+
+_PARALLEL_SIZES = (
+    "actor_rollout_ref.rollout.tensor_model_parallel_size",
+    "actor_rollout_ref.rollout.data_parallel_size",
+    "actor_rollout_ref.rollout.pipeline_model_parallel_size",
+)
+
+
+@dataclass(frozen=True)
+class DerivedSetting:
+    """One key the remote path set: ``key`` went from ``before`` to ``after`` because ``reason``."""
+
+    key: str
+    before: Any
+    after: Any
+    reason: str
+
+
+def explicit_override_keys(overrides: Collection[str]) -> frozenset[str]:
+    """Config keys named by Hydra command-line ``overrides`` (``key=value``, ``+key=``, ``++key=``)."""
+    keys = set()
+    for item in overrides:
+        key = str(item).split("=", 1)[0].lstrip("+~")
+        if key and not key.startswith("hydra."):
+            keys.add(key)
+    return frozenset(keys)
+
+
+def derive_remote_settings(config: "DictConfig", explicit: Optional[Collection[str]] = None) -> list[DerivedSetting]:
+    """Set, in place, every key whose value a remote-backend run requires; return what changed.
+
+    ``explicit``: keys the user set on the command line (``None``: unknown, treated as defaults).
+    Nothing happens when ``trainer.remote_backend`` is null.
+
+    Raises:
+        RemoteBackendConfigError: an explicit value the remote path cannot honour.
+    """
+    name = backend_name(config)
+    if name is None:
+        return []
+    explicit = frozenset(explicit or ())
+    changes: list[DerivedSetting] = []
+
+    def require(key: str, value: Any, reason: str, *, refuse_explicit: Collection[Any] = ()) -> None:
+        current = OmegaConf.select(config, key, default=None, throw_on_missing=False)
+        if current == value:
+            return
+        if key in explicit and current in refuse_explicit:
+            raise RemoteBackendConfigError(
+                f"{key}={current!r} was set explicitly, but with trainer.remote_backend={name} {reason}. "
+                f"Fix: drop {key} from the command line (it is set to {value!r} for you)"
+            )
+        parent, _, leaf = key.rpartition(".")
+        node = OmegaConf.select(config, parent) if parent else config
+        with open_dict(node):
+            node[leaf] = value
+        changes.append(DerivedSetting(key, current, value, reason))
+
+    require(
+        "trainer.use_legacy_worker_impl",
+        "disable",
+        "verl's new worker path is the one remote backends plug into",
+        refuse_explicit={"enable"},
+    )
+    require(
+        "trainer.device",
+        "cpu",
+        "the verl side (driver, forwarders) computes nothing on an accelerator; the backend owns its devices",
+        refuse_explicit={"cuda", "npu"},
+    )
+    rollout_name = OmegaConf.select(config, "actor_rollout_ref.rollout.name", default=None, throw_on_missing=False)
+    if rollout_name not in (REMOTE_ROLLOUT_NAME, name):
+        unknown = rollout_name not in VERL_ROLLOUT_ENGINES and rollout_name is not None
+        require(
+            "actor_rollout_ref.rollout.name",
+            REMOTE_ROLLOUT_NAME,
+            "generation goes through the backend's sampler, not a rollout engine of verl's",
+            refuse_explicit={rollout_name} if unknown else (),
+        )
+    for key in _PARALLEL_SIZES:
+        if OmegaConf.select(config, key, default=None, throw_on_missing=False) is not None:
+            require(key, 1, "the backend parallelises sampling itself (one rollout replica per forwarder)")
+
+    from verl.remote_backend.registry import RemoteBackendRegistry
+
+    if probe_single_forwarder(RemoteBackendRegistry.get(name)):
+        reason = f"backend {name!r} owns its parallelism: one CPU forwarder (its devices: remote_backend.{name}.*)"
+        require("trainer.n_gpus_per_node", 1, reason)
+        require("trainer.nnodes", 1, reason)
+    return changes
+
+
+def describe(name: str, changes: list[DerivedSetting]) -> str:
+    """The one line the entry point prints: ``key=after (was before)`` for each derived key."""
+    listed = ", ".join(f"{c.key}={c.after} (was {c.before})" for c in changes)
+    return f"[remote_backend] set for trainer.remote_backend={name}: {listed}"

@@ -1,0 +1,178 @@
+"""Ctrl-C: the run stops within seconds, tears the backend down and says how to resume.
+
+Ray blocks SIGINT in its worker processes, so a Ctrl-C reaches only the driver, whose
+``ray.get`` raises ``KeyboardInterrupt`` while the task runner (and the backend it owns) keeps
+going until Ray is shut down under it. Instead:
+
+* the task runner accepts SIGINT in its main thread (:func:`sigint_raises_keyboard_interrupt`):
+  the trainer's teardown runs and the run ends with :class:`RunInterruptedError` (step reached);
+* the driver starts the runner through :class:`RunnerLauncher`, which remembers the runner's
+  process and its ``run`` call; on ``KeyboardInterrupt`` it forwards SIGINT to the runner and
+  waits (bounded) for that teardown, then prints :func:`interrupt_report` and exits with 130.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Optional
+
+__all__ = [
+    "EXIT_CODE_INTERRUPTED",
+    "RunInterruptedError",
+    "RunnerLauncher",
+    "interrupt_report",
+    "resume_command",
+    "sigint_raises_keyboard_interrupt",
+]
+
+#: The shell's code for "ended by SIGINT" (128 + 2).
+EXIT_CODE_INTERRUPTED = 130
+
+
+class RunInterruptedError(Exception):
+    """The run was interrupted (Ctrl-C) and torn down; raised by the task runner.
+
+    Attributes: ``step`` - the last step that finished (``None`` before training started);
+    ``backend_destroyed`` - whether the backend's teardown completed.
+    """
+
+    def __init__(self, step: Optional[int] = None, backend_destroyed: bool = False) -> None:
+        super().__init__(f"interrupted after step {step}; backend destroyed: {backend_destroyed}")
+        self.step = step
+        self.backend_destroyed = backend_destroyed
+
+    def __reduce__(self):  # keep the attributes across Ray's pickling
+        return (type(self), (self.step, self.backend_destroyed))
+
+
+@contextlib.contextmanager
+def sigint_raises_keyboard_interrupt() -> Iterator[None]:
+    """Inside: the first SIGINT raises ``KeyboardInterrupt`` in this (main) thread; later ones are
+    ignored, so a second Ctrl-C (or the driver's forwarded one) cannot cut the teardown short.
+    A no-op outside the main thread, where Python cannot take signals."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # Ray blocks it in workers
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        signal.signal(signal.SIGINT, previous)
+
+
+@dataclass
+class _RunnerRecord:
+    handle: Any = None
+    pid: Optional[int] = None
+    node_id: Optional[str] = None
+    run_ref: Any = None
+
+
+class RunnerLauncher:
+    """Stands in for the ``task_runner_class`` that verl's ``run_ppo`` instantiates.
+
+    ``run_ppo`` calls ``.remote()`` (or ``.options(...).remote()``) and then
+    ``runner.run.remote(config)``; this records the runner's pid, node and that call's ref so
+    :meth:`interrupt` can reach them. The runner class must offer ``process_identity()``
+    returning ``(pid, node_id)``.
+    """
+
+    def __init__(self, actor_class: Any, options: Optional[dict] = None, record: Optional[_RunnerRecord] = None):
+        self.actor_class = actor_class
+        self._options = dict(options or {})
+        self.record = record if record is not None else _RunnerRecord()
+
+    def options(self, **options: Any) -> "RunnerLauncher":
+        return RunnerLauncher(self.actor_class, {**self._options, **options}, self.record)
+
+    def remote(self) -> "RunnerLauncher":
+        import ray
+
+        actor_class = self.actor_class.options(**self._options) if self._options else self.actor_class
+        self.record.handle = actor_class.remote()
+        self.record.pid, self.record.node_id = ray.get(self.record.handle.process_identity.remote())
+        return self
+
+    @property
+    def run(self) -> "_RecordedRun":
+        return _RecordedRun(self.record)
+
+    def interrupt(self, wait_s: float) -> Optional[RunInterruptedError]:
+        """Forward SIGINT to the runner (when it runs on this node) and wait up to ``wait_s`` for
+        its teardown. Returns the runner's :class:`RunInterruptedError`, or ``None`` if it did not
+        end that way in time (Ray's shutdown then stops it)."""
+        import ray
+
+        record = self.record
+        if record.run_ref is None:
+            return None
+        if record.pid is not None and record.node_id == ray.get_runtime_context().get_node_id():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(record.pid, signal.SIGINT)
+        try:
+            ray.get(record.run_ref, timeout=wait_s)
+        except KeyboardInterrupt:  # a further Ctrl-C: stop waiting
+            return None
+        except Exception as exc:  # noqa: BLE001 - inspected below
+            for candidate in (exc, getattr(exc, "cause", None)):
+                if isinstance(candidate, RunInterruptedError):
+                    return candidate
+        return None
+
+
+class _RecordedRun:
+    def __init__(self, record: _RunnerRecord) -> None:
+        self._record = record
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        self._record.run_ref = self._record.handle.run.remote(*args, **kwargs)
+        return self._record.run_ref
+
+
+def resume_command(argv: Optional[list[str]] = None) -> str:
+    """This run's command line with ``trainer.resume_mode=auto`` (replacing any other mode)."""
+    argv = list(sys.argv if argv is None else argv)
+    program = "python -m verl.remote_backend.main_ppo" if argv and argv[0].endswith("main_ppo.py") else None
+    args = [a for a in argv[1:] if not a.lstrip("+").startswith("trainer.resume_mode=")]
+    args.append("trainer.resume_mode=auto")
+    head = program or shlex.quote(argv[0] if argv else "python -m verl.remote_backend.main_ppo")
+    return " ".join([head, *(shlex.quote(a) for a in args)])
+
+
+def interrupt_report(config: Any, backend: str, interrupted: Optional[RunInterruptedError]) -> str:
+    """The lines printed after Ctrl-C: step reached, backend teardown, last checkpoint, resume."""
+    from verl.remote_backend.checkpoints import tracker_step
+
+    root = str(config.trainer.default_local_dir)
+    saved = tracker_step(root)
+    step = interrupted.step if interrupted is not None else None
+    lines = [
+        "[remote_backend] interrupted (Ctrl-C)"
+        + (f" after step {step}" if step is not None else " (step reached unknown: the trainer did not answer)"),
+        f"  backend {backend!r}: "
+        + (
+            "destroyed"
+            if interrupted is not None and interrupted.backend_destroyed
+            else "not confirmed destroyed; it stops with this run's Ray cluster"
+        ),
+    ]
+    if saved is None:
+        lines.append(f"  last complete checkpoint: none under {root} (trainer.save_freq sets how often one is saved)")
+    else:
+        lines.append(f"  last complete checkpoint: {os.path.join(root, f'global_step_{saved}')} (step {saved})")
+        lines.append(f"  resume with: {resume_command()}")
+    return "\n".join(lines)

@@ -1,0 +1,92 @@
+"""Stops what a run started when its driver dies without cleaning up (SIGKILL, the OOM killer).
+
+When the driver started its own Ray cluster, Ray's fate sharing ends the raylet, the GCS and
+the job's workers with the driver, but not the raylet's dashboard and runtime-env agents
+(measured here with Ray 2.5x: still alive 55 s after ``kill -9`` of the driver), nor a process
+that a worker started in a session of its own (the launched Arctic server). The reaper is a
+small process of its own session, started by the driver: once a second it records the driver's
+descendants; when the driver is gone it sends SIGTERM to every recorded process still alive and
+SIGKILL 5 s later. On a clean exit it finds nothing left to stop.
+
+``python <this file> <driver pid>`` (stdlib and psutil only); the driver calls :func:`start_reaper`.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+__all__ = ["start_reaper", "reap_after"]
+
+POLL_S = 1.0
+GRACE_S = 5.0
+
+
+def start_reaper() -> subprocess.Popen:
+    """Start the reaper for this process (the driver). Returns its ``Popen``; it exits by itself."""
+    return subprocess.Popen(
+        # Run as a script, not ``-m``: importing the verl package would take seconds and ~GBs of torch.
+        [sys.executable, os.path.abspath(__file__), str(os.getpid())],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # a terminal's Ctrl-C reaches the driver's group, not the reaper
+        close_fds=True,
+    )
+
+
+def reap_after(driver_pid: int, *, poll_s: float = POLL_S, grace_s: float = GRACE_S) -> list[int]:
+    """Record ``driver_pid``'s descendants until it exits, then stop the survivors.
+
+    Returns the pids that were still running when the driver had gone (and were stopped).
+    Processes are tracked as ``psutil.Process`` objects, so a recycled pid is never signalled.
+    """
+    import psutil
+
+    me = os.getpid()
+    seen: dict[int, psutil.Process] = {}
+    try:
+        driver = psutil.Process(driver_pid)
+    except psutil.NoSuchProcess:
+        return []
+    while True:
+        try:
+            for proc in driver.children(recursive=True):
+                if proc.pid != me:
+                    seen.setdefault(proc.pid, proc)
+        except psutil.NoSuchProcess:
+            pass
+        if not _alive(driver):
+            break
+        time.sleep(poll_s)
+    survivors = [proc for proc in seen.values() if _alive(proc)]
+    for proc in survivors:
+        _signal(proc, "terminate")
+    _, still = psutil.wait_procs(survivors, timeout=grace_s)
+    for proc in still:
+        _signal(proc, "kill")
+    return [proc.pid for proc in survivors]
+
+
+def _alive(proc) -> bool:
+    import psutil
+
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _signal(proc, how: str) -> None:
+    import psutil
+
+    try:
+        getattr(proc, how)()
+    except psutil.Error:
+        pass
+
+
+if __name__ == "__main__":
+    reap_after(int(sys.argv[1]))
