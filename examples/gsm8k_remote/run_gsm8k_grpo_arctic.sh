@@ -33,10 +33,6 @@ set -euo pipefail
 
 python -m verl.remote_backend.main_ppo \
     trainer.remote_backend=arctic \
-    trainer.use_legacy_worker_impl=disable \
-    trainer.device=cpu \
-    trainer.n_gpus_per_node=1 \
-    trainer.nnodes=1 \
     algorithm.adv_estimator=grpo \
     data.train_files="$DATA_DIR/train.parquet" \
     data.val_files="$DATA_DIR/test.parquet" \
@@ -53,8 +49,6 @@ python -m verl.remote_backend.main_ppo \
     actor_rollout_ref.actor.kl_loss_coef=0.001 \
     actor_rollout_ref.actor.kl_loss_type=low_var_kl \
     actor_rollout_ref.actor.entropy_coeff=0 \
-    actor_rollout_ref.rollout.name=remote \
-    actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
     actor_rollout_ref.rollout.n=4 \
     actor_rollout_ref.rollout.gpu_memory_utilization="$GPU_MEM" \
     actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 \

@@ -11,7 +11,8 @@
 #
 # Every knob is explained in examples/gsm8k_remote/README.md. Environment overrides:
 #   WORK_DIR (outputs/gsm8k_grpo_local), STEPS (4), BATCH (4 prompts), ROLLOUT_N (4 samples/prompt),
-#   PROMPT_LEN (192), RESPONSE_LEN (64), LR (1e-5), PYTHON_BIN (use this interpreter instead of
+#   PROMPT_LEN (192), RESPONSE_LEN (64), LR (1e-5), SAVE_FREQ (2: a checkpoint every 2 steps, so Ctrl-C
+#   loses at most 2 steps), PYTHON_BIN (use this interpreter instead of
 #   the managed environment of step 1).
 set -euo pipefail
 
@@ -57,10 +58,6 @@ cd "$work"
 "$python" -m verl.remote_backend.main_ppo \
     hydra.run.dir="$work/hydra" \
     trainer.remote_backend=local \
-    trainer.use_legacy_worker_impl=disable \
-    trainer.device=cpu \
-    trainer.n_gpus_per_node=1 \
-    trainer.nnodes=1 \
     algorithm.adv_estimator=grpo \
     data.train_files="$work/data/train.parquet" \
     data.val_files="$work/data/test.parquet" \
@@ -74,8 +71,6 @@ cd "$work"
     actor_rollout_ref.actor.optim.lr="$lr" \
     actor_rollout_ref.actor.ppo_mini_batch_size="$batch" \
     actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu="$((batch * rollout_n))" \
-    actor_rollout_ref.rollout.name=remote \
-    actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
     actor_rollout_ref.rollout.n="$rollout_n" \
     actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu="$((batch * rollout_n))" \
     actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu="$((batch * rollout_n))" \
@@ -89,7 +84,7 @@ cd "$work"
     trainer.resume_mode=disable \
     trainer.val_before_train=false \
     trainer.test_freq=-1 \
-    trainer.save_freq="$steps" \
+    trainer.save_freq="${SAVE_FREQ:-2}" \
     trainer.total_training_steps="$steps" \
     "$@"
 
