@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create (or reuse) the project's Python 3.12 virtual environment and install
-# verl-remote-backend into it with the extras given as $1 (default: "test").
+# verl-remote-backend into it with the extras given as $1 (default: "test"; "base" = no extra:
+# what the main job needs, without arctic-platform and deepspeed).
 #
 # The environment lives outside the checkout, keyed by a hash of pyproject.toml,
 # so a repeat run with unchanged dependencies only reinstalls our own files
@@ -31,8 +32,25 @@ if [ ! -f "$venv/.complete" ]; then
     $python -m venv "$venv"
     "$venv/bin/python" -m pip install -q --upgrade pip >&2
     start=$(date +%s)
-    # Dependencies first (cached with the venv), then our own files below.
-    "$venv/bin/python" -m pip install -q "$repo[$extras]" >&2
+    spec="$repo[$extras]"
+    if [ "$extras" = "base" ]; then spec="$repo"; fi
+    # Dependencies first (cached with the venv), then our own files below. pip is quiet; a
+    # ticker says what is happening and for how long.
+    echo "[setup] installing dependencies of $spec (log: $venv/pip.log)" >&2
+    "$venv/bin/python" -m pip install "$spec" >"$venv/pip.log" 2>&1 &
+    pip_pid=$!
+    while kill -0 "$pip_pid" 2>/dev/null; do
+        sleep 15
+        if kill -0 "$pip_pid" 2>/dev/null; then
+            last="$(grep -oE '^(Collecting|Downloading|Installing collected|Building)[^ ]* ?[^ ]*' "$venv/pip.log" | tail -1 || true)"
+            echo "[setup] ... $(( $(date +%s) - start ))s: ${last:-resolving}" >&2
+        fi
+    done
+    if ! wait "$pip_pid"; then
+        tail -20 "$venv/pip.log" >&2
+        echo "[setup] pip install failed; full log: $venv/pip.log" >&2
+        exit 1
+    fi
     echo "[setup] dependencies installed in $(( $(date +%s) - start ))s" >&2
     touch "$venv/.complete"
 fi

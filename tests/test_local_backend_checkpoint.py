@@ -84,11 +84,44 @@ def test_checkpoint_files_are_safetensors_and_weights_only_loadable(cfg, tmp_pat
     path = a.save_checkpoint(str(tmp_path / "ck"), step=1)
     manifest = json.load(open(os.path.join(path, "manifest.json")))
     assert manifest["step"] == 1
-    assert set(manifest["files"]) == {"model.safetensors", "config.json", "optimizer.pt", "trainer_state.pt"}
+    own = {name for name in manifest["files"] if not name.startswith("huggingface/")}
+    assert own == {"model.safetensors", "config.json", "optimizer.pt", "trainer_state.pt"}
+    assert {"huggingface/model.safetensors", "huggingface/config.json", "huggingface/tokenizer_config.json"} <= set(
+        manifest["files"]
+    )
     assert all(len(meta["sha256"]) == 64 for meta in manifest["files"].values())
     assert load_file(os.path.join(path, "model.safetensors"))
     for name in ("optimizer.pt", "trainer_state.pt"):
         torch.load(os.path.join(path, name), weights_only=True)
+
+
+def test_each_checkpoint_has_a_hugging_face_export_with_the_tokenizer_that_generates(cfg, tmp_path):
+    """``huggingface/`` loads with ``AutoModelForCausalLM``/``AutoTokenizer`` as is, holds the trained
+    weights (not the initial ones), encodes text, generates; folders get the user's normal mode."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    a = _engine(cfg)
+    with torch.no_grad():
+        next(a.model.parameters()).add_(0.5)  # "trained": differs from the model on disk
+    path = a.save_checkpoint(str(tmp_path / "ck"), step=3)
+    export = os.path.join(path, "huggingface")
+    tokenizer = AutoTokenizer.from_pretrained(export)
+    model = AutoModelForCausalLM.from_pretrained(export)
+    ids = tokenizer("2+2=", return_tensors="pt")["input_ids"]
+    assert ids.shape[1] > 0, "the exported tokenizer encodes nothing"
+    out = model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    assert out.shape[1] > ids.shape[1]
+    name, trained = next(iter(a.model.state_dict().items()))
+    assert torch.equal(model.state_dict()[name], trained)
+    umask_mode = 0o777 & ~_current_umask()
+    for folder in (path, export):
+        assert os.stat(folder).st_mode & 0o777 == umask_mode, oct(os.stat(folder).st_mode)
+
+
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 @pytest.mark.parametrize("damage", ["corrupt", "missing", "no_manifest", "wrong_step", "no_dir"])

@@ -1,22 +1,28 @@
 #!/usr/bin/env bash
-# The main job: GRPO on gsm8k with verl driving the bundled `local` backend, CPU only.
+# The main job: GRPO on gsm8k with verl driving the bundled `local` backend, CPU only, on a real
+# pretrained model (SmolLM2-135M-Instruct, obtained offline from the package index).
 #
-#   bash examples/gsm8k_remote/run_gsm8k_grpo_local.sh [MODEL_PATH] [extra hydra overrides...]
+#   bash examples/gsm8k_remote/run_gsm8k_grpo_local.sh [MODEL_PATH | tiny] [extra hydra overrides...]
 #
-# 1. sets up the Python environment (scripts/setup_env.sh; first run ~4-5 min, then seconds),
+# 1. sets up the Python environment (scripts/setup_env.sh; first run ~5 min, then seconds),
 # 2. prepares gsm8k as verl parquet (short questions) from ../shared/data/gsm8k or the HF hub,
-# 3. builds a tiny Qwen2-style model + tokenizer locally unless MODEL_PATH is given,
-# 4. runs a few GRPO steps (verl prints its metrics after every step) and saves a checkpoint,
-# 5. prints a per-step summary table.
+# 3. prepares SmolLM2-135M-Instruct (prepare_model.py; once, ~30 s, cached) unless MODEL_PATH is
+#    given; `tiny` builds a tiny random Qwen2 instead (a 1-minute smoke run, reward stays 0),
+# 4. runs GRPO steps with a gsm8k reward (gsm8k_reward.py) and a checkpoint every SAVE_FREQ steps;
+#    the console shows one line per step, everything else goes to WORK_DIR/run.log (VERBOSE=1
+#    shows it all),
+# 5. prints a per-step table, samples with their rewards from the first and last step, and writes
+#    WORK_DIR/metrics.png (summarize_run.py).
 #
 # Every knob is explained in examples/gsm8k_remote/README.md. Environment overrides:
 #   WORK_DIR (outputs/gsm8k_grpo_local), STEPS (4), BATCH (4 prompts), ROLLOUT_N (4 samples/prompt),
-#   PROMPT_LEN (192), RESPONSE_LEN (64), LR (1e-5), SAVE_FREQ (2: a checkpoint every 2 steps, so Ctrl-C
-#   loses at most 2 steps), PYTHON_BIN (use this interpreter instead of
-#   the managed environment of step 1).
+#   PROMPT_LEN (256), RESPONSE_LEN (128), LR (1e-5), SAVE_FREQ (2: a checkpoint every 2 steps, so
+#   Ctrl-C loses at most 2 steps), VERBOSE (0), PYTHON_BIN (use this interpreter instead of the
+#   managed environment of step 1).
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+here="$repo/examples/gsm8k_remote"
 model_path="${1:-}"
 if [ $# -gt 0 ]; then shift; fi
 
@@ -24,8 +30,8 @@ work="${WORK_DIR:-$repo/outputs/gsm8k_grpo_local}"
 steps="${STEPS:-4}"
 batch="${BATCH:-4}"
 rollout_n="${ROLLOUT_N:-4}"
-prompt_len="${PROMPT_LEN:-192}"
-response_len="${RESPONSE_LEN:-64}"
+prompt_len="${PROMPT_LEN:-256}"
+response_len="${RESPONSE_LEN:-128}"
 lr="${LR:-1e-5}"
 mkdir -p "$work"
 work="$(cd "$work" && pwd)"
@@ -33,26 +39,33 @@ work="$(cd "$work" && pwd)"
 if [ -n "${PYTHON_BIN:-}" ]; then
     python="$PYTHON_BIN"   # an environment you manage, with this project importable
 else
-    venv="$(bash "$repo/scripts/setup_env.sh")"
+    venv="$(bash "$repo/scripts/setup_env.sh" base)"
     python="$venv/bin/python"
 fi
 
 echo "[gsm8k-local] preparing data in $work/data"
-"$python" "$repo/examples/gsm8k_remote/prepare_gsm8k.py" --output-dir "$work/data" \
-    --max-question-chars 200 --max-train 256 --max-test 32
+"$python" "$here/prepare_gsm8k.py" --output-dir "$work/data" \
+    --max-question-chars 200 --max-train 256 --max-test 32 >>"$work/prepare.log" 2>&1
 
-if [ -z "$model_path" ]; then
+if [ "$model_path" = "tiny" ]; then
     model_path="$work/tiny_model"
     if [ ! -f "$model_path/config.json" ]; then
-        echo "[gsm8k-local] building a tiny Qwen2 model in $model_path"
-        "$python" -m verl.remote_backend.tiny_model "$model_path" >/dev/null
+        "$python" -m verl.remote_backend.tiny_model "$model_path" >>"$work/prepare.log" 2>&1
     fi
+elif [ -z "$model_path" ]; then
+    model_path="$("$python" "$here/prepare_model.py" 2>>"$work/prepare.log")"
 fi
 echo "[gsm8k-local] model: $model_path"
 
 metrics="$work/metrics.jsonl"
-rm -f "$metrics"
-export VERL_FILE_LOGGER_PATH="$metrics" HYDRA_FULL_ERROR=1 TOKENIZERS_PARALLELISM=false
+rm -rf "$metrics" "$work/rollouts" "$work/run.log"
+export VERL_FILE_LOGGER_PATH="$metrics" TOKENIZERS_PARALLELISM=false
+if [ "${VERBOSE:-0}" = "1" ]; then
+    show=(tee -a "$work/run.log")
+else
+    show=("$python" "$here/console_filter.py" "$work/run.log")
+    echo "[gsm8k-local] running $steps GRPO steps; full log: $work/run.log"
+fi
 
 cd "$work"
 "$python" -m verl.remote_backend.main_ppo \
@@ -76,32 +89,19 @@ cd "$work"
     actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu="$((batch * rollout_n))" \
     actor_rollout_ref.rollout.agent.num_workers=1 \
     reward.num_workers=1 \
+    reward.custom_reward_function.path="$here/gsm8k_reward.py" \
+    reward.custom_reward_function.name=gsm8k_shaped \
     remote_backend.local.device=cpu \
     trainer.logger='[console,file]' \
     trainer.project_name=verl_remote_backend \
     trainer.experiment_name=gsm8k_grpo_local \
     trainer.default_local_dir="$work/checkpoints" \
+    trainer.rollout_data_dir="$work/rollouts" \
     trainer.resume_mode=disable \
     trainer.val_before_train=false \
     trainer.test_freq=-1 \
     trainer.save_freq="${SAVE_FREQ:-2}" \
     trainer.total_training_steps="$steps" \
-    "$@"
+    "$@" 2>&1 | "${show[@]}"
 
-"$python" - "$metrics" "$work/checkpoints" <<'EOF'
-import json, os, sys
-
-rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
-rows = [row for row in rows if "timing_s/step" in row["data"]]  # training steps (not validation-only logs)
-columns = {"critic/score/mean": "score", "response_length/mean": "resp_len", "actor/pg_loss": "pg_loss",
-           "actor/grad_norm": "grad_norm", "perf/mfu/actor": "mfu_update", "timing_s/gen": "gen_s",
-           "timing_s/update_actor": "update_s", "timing_s/step": "step_s"}
-keys = list(columns)
-print("\n[gsm8k-local] per-step summary")
-print("step " + " ".join(f"{label:>11}" for label in columns.values()))
-for row in rows:
-    print(f"{row['step']:>4} " + " ".join(f"{row['data'].get(k, float('nan')):>11.4g}" for k in keys))
-ckpt = sys.argv[2]
-latest = open(os.path.join(ckpt, "latest_checkpointed_iteration.txt")).read().strip()
-print(f"[gsm8k-local] checkpoint: {os.path.join(ckpt, 'global_step_' + latest)}")
-EOF
+"$python" "$here/summarize_run.py" "$work"

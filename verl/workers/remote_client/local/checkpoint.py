@@ -71,10 +71,12 @@ def write_checkpoint_dir(
     for stale in glob.glob(os.path.join(glob.escape(parent), f".{glob.escape(os.path.basename(path))}.tmp-*")):
         shutil.rmtree(stale, ignore_errors=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp-", dir=parent)
+    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it 0700; the checkpoint gets the user's normal mode
     try:
         files = {}
         for name, write in writers.items():
             target = os.path.join(tmp, name)
+            os.makedirs(os.path.dirname(target), exist_ok=True)  # nested names: "huggingface/config.json"
             write(target)
             _fsync_file(target)  # contents durable before the rename publishes them
             files[name] = {"sha256": _sha256(target), "bytes": os.path.getsize(target)}
@@ -132,6 +134,18 @@ def verify_checkpoint_dir(path: str, step: Optional[int] = None, *, checksums: b
     if step is not None and int(manifest.get("step", -1)) != int(step):
         raise CheckpointError(f"checkpoint {path} is from step {manifest.get('step')}, not the requested step {step}")
     return manifest
+
+
+def _umask() -> int:
+    """The process umask, read without changing it (``os.umask`` would race other threads' files)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    return 0o022
 
 
 def _swap_in(tmp: str, path: str) -> None:

@@ -44,6 +44,7 @@ __all__ = ["LocalEngine"]
 _MODEL_FILE = "model.safetensors"
 _OPTIM_FILE = "optimizer.pt"
 _STATE_FILE = "trainer_state.pt"
+_HF_DIR = "huggingface"  # the Hugging Face export inside each checkpoint (verl's actor/huggingface/)
 
 
 class LocalEngine:
@@ -312,7 +313,8 @@ class LocalEngine:
         """Write model (safetensors), optimizer + LR schedule, RNG and counters atomically to ``path``.
 
         Files: ``model.safetensors``, ``config.json``, ``optimizer.pt``,
-        ``trainer_state.pt``, ``manifest.json`` (step, sha256 of each file).
+        ``trainer_state.pt``, ``huggingface/`` (config, weights, tokenizer: loads with
+        ``from_pretrained``), ``manifest.json`` (step, sha256 of each file).
         Returns the absolute directory written.
         """
         from safetensors.torch import save_model
@@ -331,10 +333,51 @@ class LocalEngine:
                 "config.json": lambda f: self.model.config.to_json_file(f),
                 _OPTIM_FILE: lambda f: torch.save(optim_state, f),
                 _STATE_FILE: lambda f: torch.save(state, f),
+                **self._huggingface_export_writers(),
             }
             written = write_checkpoint_dir(path, step, writers, extra={"backend": "local"})
             self.global_step = step
             return written
+
+    def _huggingface_export_writers(self) -> dict[str, Any]:
+        """``huggingface/``: config, generation config, tokenizer and the weights (a hard link to
+        ``model.safetensors``, written first) - a folder ``AutoModelForCausalLM`` and ``AutoTokenizer``
+        load as is, in the place verl's own checkpoints keep theirs (``actor/huggingface/``)."""
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            self.tokenizer.save_pretrained(tmp)
+            tokenizer_files = {}
+            for name in sorted(os.listdir(tmp)):
+                with open(os.path.join(tmp, name), "rb") as fh:
+                    tokenizer_files[name] = fh.read()
+
+        def link_weights(target: str) -> None:
+            source = os.path.join(os.path.dirname(os.path.dirname(target)), _MODEL_FILE)
+            try:
+                os.link(source, target)
+            except OSError:  # a filesystem without hard links
+                import shutil
+
+                shutil.copyfile(source, target)
+
+        def write_bytes(data: bytes):
+            def write(target: str) -> None:
+                with open(target, "wb") as fh:
+                    fh.write(data)
+
+            return write
+
+        writers: dict[str, Any] = {
+            f"{_HF_DIR}/{_MODEL_FILE}": link_weights,
+            f"{_HF_DIR}/config.json": lambda f: self.model.config.to_json_file(f),
+        }
+        generation_config = getattr(self.model, "generation_config", None)
+        if generation_config is not None:
+            writers[f"{_HF_DIR}/generation_config.json"] = lambda f: generation_config.to_json_file(f)
+        for name, data in tokenizer_files.items():
+            writers[f"{_HF_DIR}/{name}"] = write_bytes(data)
+        return writers
 
     def load_checkpoint(self, path: str, step: Optional[int] = None) -> dict[str, Any]:
         """Restore exactly what :meth:`save_checkpoint` wrote; the sampler gets the loaded weights.

@@ -1,0 +1,57 @@
+"""Console view of a run: our own lines, one short line per step, and failures; the rest goes to the log.
+
+    python -m verl.remote_backend.main_ppo ... 2>&1 | python console_filter.py RUN_LOG
+
+Every input line is appended to ``RUN_LOG``; the console gets ``[remote_backend]`` and
+``[gsm8k-local]`` lines, verl's per-step metrics line shortened to the numbers that matter, and,
+once a failure shows (``run failed``, a traceback, ``Error``), everything from there on.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import sys
+
+STEP = re.compile(r"step:(\d+) - (.*)")
+SHOWN = {
+    "critic/score/mean": "reward",
+    "response_length/mean": "resp_len",
+    "actor/pg_loss": "pg_loss",
+    "actor/grad_norm": "grad_norm",
+    "timing_s/step": "step_s",
+}
+FAILURE = ("run failed", "Traceback (most recent call last)", "Error executing job", "interrupted (Ctrl-C)")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def short_step_line(match: re.Match) -> str:
+    values = dict(item.rsplit(":", 1) for item in match.group(2).split(" - ") if ":" in item)
+    parts = [f"{label}={float(values[key]):.4g}" for key, label in SHOWN.items() if key in values]
+    return f"[gsm8k-local] step {match.group(1)}: " + " ".join(parts)
+
+
+def main(log_path: str) -> int:
+    # A terminal's Ctrl-C reaches the whole pipeline: keep reading until the run has printed its
+    # interrupt report and closed the pipe.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    failing = False
+    with open(log_path, "a", errors="replace") as log:
+        for raw in sys.stdin:
+            log.write(raw)
+            log.flush()
+            line = ANSI.sub("", raw.rstrip("\n"))
+            failing = failing or any(marker in line for marker in FAILURE)
+            if failing:
+                print(line, flush=True)
+                continue
+            step = STEP.search(line)
+            if step:
+                print(short_step_line(step), flush=True)
+            elif "[remote_backend]" in line or line.startswith("[gsm8k-local]"):
+                print(line[line.find("["):] if "[remote_backend]" in line else line, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
