@@ -30,7 +30,7 @@ if [ ! -f "$venv/.complete" ]; then
     echo "[setup] creating $venv with $($python --version 2>&1) (first run: ~4 min, ~6 GB)" >&2
     rm -rf "$venv"
     $python -m venv "$venv"
-    "$venv/bin/python" -m pip install -q --upgrade pip >&2
+    "$venv/bin/python" -m pip install -q --upgrade pip >"$venv/pip-upgrade.log" 2>&1
     start=$(date +%s)
     spec="$repo[$extras]"
     if [ "$extras" = "base" ]; then spec="$repo"; fi
