@@ -83,10 +83,10 @@ cd "$work"
     actor_rollout_ref.model.path="$model_path" \
     actor_rollout_ref.actor.optim.lr="$lr" \
     actor_rollout_ref.actor.ppo_mini_batch_size="$batch" \
-    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu="$((batch * rollout_n))" \
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu="$rollout_n" \
     actor_rollout_ref.rollout.n="$rollout_n" \
-    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu="$((batch * rollout_n))" \
-    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu="$((batch * rollout_n))" \
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu="$rollout_n" \
+    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu="$rollout_n" \
     actor_rollout_ref.rollout.agent.num_workers=1 \
     reward.num_workers=1 \
     reward.custom_reward_function.path="$here/gsm8k_reward.py" \
