@@ -522,7 +522,12 @@ def _start_long_run(tmp_path: Path) -> tuple[subprocess.Popen, Path, Path]:
     env = dict(os.environ, VERL_FILE_LOGGER_PATH=str(metrics), RAY_DEDUP_LOGS="0")
     cmd = [sys.executable, "-m", "verl.remote_backend.main_ppo", f"hydra.run.dir={tmp_path}/hydra", *overrides]
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            # as in a terminal: a shell's background job (e.g. CI started with `&`) ignores SIGINT, and
+            # ignored signals are inherited, so give the run the default disposition back
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )  # fmt: skip
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and proc.poll() is None:
         if metrics.exists() and len(metrics.read_text().splitlines()) >= 2:

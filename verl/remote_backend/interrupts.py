@@ -28,6 +28,7 @@ __all__ = [
     "RunInterruptedError",
     "RunnerLauncher",
     "interrupt_report",
+    "raise_if_interrupted",
     "resume_command",
     "sigint_raises_keyboard_interrupt",
 ]
@@ -63,8 +64,10 @@ def sigint_raises_keyboard_interrupt() -> Iterator[None]:
 
     def on_sigint(signum: int, frame: Any) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        _SIGINT_SEEN.set()
         raise KeyboardInterrupt
 
+    _SIGINT_SEEN.clear()
     previous = signal.signal(signal.SIGINT, on_sigint)
     mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # Ray blocks it in workers
     try:
@@ -72,6 +75,19 @@ def sigint_raises_keyboard_interrupt() -> Iterator[None]:
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         signal.signal(signal.SIGINT, previous)
+        _SIGINT_SEEN.clear()
+
+
+# Set by the handler above. The KeyboardInterrupt it raises can land inside code that swallows it
+# (a library's `except BaseException`); the trainer then calls `raise_if_interrupted` at its
+# next forwarded call, so the run still stops within one step.
+_SIGINT_SEEN = threading.Event()
+
+
+def raise_if_interrupted() -> None:
+    """Raise ``KeyboardInterrupt`` if a SIGINT arrived inside :func:`sigint_raises_keyboard_interrupt`."""
+    if _SIGINT_SEEN.is_set():
+        raise KeyboardInterrupt
 
 
 @dataclass

@@ -37,7 +37,7 @@ import ray
 from verl.remote_backend.base import RemoteBackend
 from verl.remote_backend.cpu_compat import install_flash_attn_fallback
 from verl.remote_backend.guard import run_with_timeout
-from verl.remote_backend.interrupts import RunInterruptedError
+from verl.remote_backend.interrupts import RunInterruptedError, raise_if_interrupted
 from verl.remote_backend.registry import RemoteBackendRegistry
 from verl.remote_backend.reliability import BackendTimeoutError, ReliabilitySettings
 from verl.remote_backend.validation import (
@@ -164,6 +164,7 @@ class RemoteBackendTrainer(RayPPOTrainer):
     # verl's step calls these three in order (old log-prob, ref, update); the update's metrics
     # are the only ones the trainer logs from a worker, so the step's totals travel there.
     def _compute_old_log_prob(self, batch: Any) -> Any:
+        raise_if_interrupted()
         start = time.perf_counter()
         try:
             return super()._compute_old_log_prob(batch)
@@ -171,6 +172,7 @@ class RemoteBackendTrainer(RayPPOTrainer):
             self._forwarded_wall_s += time.perf_counter() - start
 
     def _compute_ref_log_prob(self, batch: Any) -> Any:
+        raise_if_interrupted()
         start = time.perf_counter()
         try:
             return super()._compute_ref_log_prob(batch)
@@ -180,6 +182,7 @@ class RemoteBackendTrainer(RayPPOTrainer):
     def _update_actor(self, batch: Any) -> Any:
         from verl.remote_backend.worker_utils import remote_overhead_metrics
 
+        raise_if_interrupted()
         start = time.perf_counter()
         output = super()._update_actor(batch)
         wall, self._forwarded_wall_s = self._forwarded_wall_s + time.perf_counter() - start, 0.0
