@@ -57,6 +57,15 @@ def _fails_before_workers(overrides, error=RemoteBackendConfigError):
     return str(info.value)
 
 
+def _refused_by_validation(overrides) -> str:
+    """For keys the entry point derives (``derived_settings.py``): the entry point would set them, so
+    call the validation the trainer also runs - what a launcher that skips the entry point meets."""
+    with pytest.raises(RemoteBackendConfigError) as info:
+        validate_remote_backend_config(compose(overrides))
+    assert not ray.is_initialized()
+    return str(info.value)
+
+
 def test_the_minimal_config_is_valid():
     plan = validate_remote_backend_config(compose(GOOD))
     assert plan.name == "local" and plan.num_forwarders == 1 and plan.num_replicas == 1
@@ -72,7 +81,7 @@ def test_unknown_backend_lists_the_known_ones_and_how_to_register():
 
 
 def test_two_forwarders_for_a_single_forwarder_backend_is_refused():
-    message = _fails_before_workers(_with("trainer.n_gpus_per_node=2"))
+    message = _refused_by_validation(_with("trainer.n_gpus_per_node=2"))
     assert "trainer.n_gpus_per_node * trainer.nnodes" in message
     assert "needs exactly one CPU forwarder" in message
     assert "Fix: set trainer.n_gpus_per_node=1 trainer.nnodes=1" in message
@@ -80,7 +89,7 @@ def test_two_forwarders_for_a_single_forwarder_backend_is_refused():
 
 def test_rollout_parallelism_that_yields_zero_replicas_is_refused():
     # verl's default tensor_model_parallel_size=2 with one forwarder gives 1 // 2 = 0 replicas
-    message = _fails_before_workers(_with("actor_rollout_ref.rollout.tensor_model_parallel_size=2"))
+    message = _refused_by_validation(_with("actor_rollout_ref.rollout.tensor_model_parallel_size=2"))
     assert "actor_rollout_ref.rollout.tensor_model_parallel_size=2" in message
     assert "= 0 rollout replicas" in message
     assert "Fix: set actor_rollout_ref.rollout.tensor_model_parallel_size=1" in message
@@ -92,6 +101,25 @@ def test_rollout_parallelism_that_yields_zero_replicas_is_refused():
         ("trainer.use_legacy_worker_impl=auto", "trainer.use_legacy_worker_impl", "use_legacy_worker_impl=disable"),
         ("trainer.device=cuda", "trainer.device", "set trainer.device=cpu"),
         ("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.name", "rollout.name=remote"),
+    ],
+)
+def test_keys_the_entry_point_derives_are_still_checked_by_validation(change, setting, fix):
+    message = _refused_by_validation(_with(change))
+    assert message.startswith(setting), message
+    assert "Fix:" in message and fix in message
+
+
+def test_the_entry_point_refuses_an_explicit_value_it_cannot_derive_before_ray_starts():
+    assert not ray.is_initialized()
+    overrides = _with("trainer.use_legacy_worker_impl=enable")
+    with pytest.raises(RemoteBackendConfigError, match=r"use_legacy_worker_impl='enable' was set explicitly"):
+        run(compose(overrides), explicit_keys={"trainer.use_legacy_worker_impl"})
+    assert not ray.is_initialized()
+
+
+@pytest.mark.parametrize(
+    "change, setting, fix",
+    [
         ("algorithm.adv_estimator=gae", "algorithm.adv_estimator", "adv_estimator=grpo"),
         ("critic.enable=true", "critic.enable", "critic.enable=null"),
         ("reward.reward_model.enable=true", "reward.reward_model.enable", "reward_model.enable=false"),
