@@ -116,7 +116,11 @@ def derive_remote_settings(config: "DictConfig", explicit: Optional[Collection[s
 
     from verl.remote_backend.registry import RemoteBackendRegistry
 
-    if probe_single_forwarder(RemoteBackendRegistry.get(name)):
+    try:
+        backend_cls = RemoteBackendRegistry.get(name)
+    except Exception:  # noqa: BLE001 - an unknown or broken name: validation names it and the fix
+        return changes
+    if probe_single_forwarder(backend_cls):
         reason = f"backend {name!r} owns its parallelism: one CPU forwarder (its devices: remote_backend.{name}.*)"
         require("trainer.n_gpus_per_node", 1, reason)
         require("trainer.nnodes", 1, reason)
