@@ -25,6 +25,7 @@ from verl.remote_backend.interrupts import (
     resume_command,
     sigint_raises_keyboard_interrupt,
 )
+from verl.remote_backend.reaper import is_running
 from verl.remote_backend.reliability import BackendDiedError
 
 
@@ -148,18 +149,11 @@ def test_a_killed_drivers_processes_are_stopped_by_the_reaper():
     driver.kill()
     driver.wait()
     start = time.monotonic()
-    while time.monotonic() - start < 15 and any(_running(p) for p in (child, reaper)):
+    while time.monotonic() - start < 15 and any(is_running(p) for p in (child, reaper)):
         time.sleep(0.2)
-    alive = {name: p for name, p in (("child", child), ("reaper", reaper)) if _running(p)}
+    alive = {name: p for name, p in (("child", child), ("reaper", reaper)) if is_running(p)}
     for proc in alive.values():
         proc.kill()
     assert not alive, f"still running 15 s after the driver's death: {sorted(alive)}"
     assert time.monotonic() - start < 10
 
-
-def _running(proc: psutil.Process) -> bool:
-    """Running and not a zombie (an orphan's exit is reaped by whoever adopted it, maybe never here)."""
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False

@@ -31,6 +31,7 @@ from faults.backends import CorruptingLocalBackend
 from faults.conftest import bounded
 from local_backend_helpers import dense_rollout_batch, random_rollouts, to_no_padding
 from remote_e2e import TESTS_DIR, _tree, build_gsm8k, build_model, compose, small_ci_overrides
+from verl.remote_backend.reaper import is_running
 from verl.remote_backend.reliability import BackendDiedError, BackendOutputError, ResumeCheckpointError
 
 pytestmark = pytest.mark.slow
@@ -458,7 +459,7 @@ def test_full_run_engine_killed_during_update(fault, tmp_path):
     output = log.read_text(errors="replace")
     # what outlived the driver (Ray's own daemons get a few seconds to go)
     time.sleep(10)
-    leaked = [p for p in seen.values() if p.pid != proc.pid and _alive(p)]
+    leaked = [p for p in seen.values() if p.pid != proc.pid and is_running(p)]
     for p in leaked:
         p.kill()
 
@@ -488,13 +489,6 @@ def test_full_run_engine_killed_during_update(fault, tmp_path):
     assert not leaked, f"processes outlived the run: {[(p.pid, _name(p)) for p in leaked]}"
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "1"
     assert not (ckpt / "global_step_2").exists()
-
-
-def _alive(p: psutil.Process) -> bool:
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def _name(p: psutil.Process) -> str:
@@ -541,11 +535,11 @@ def _survivors(seen: dict, within_s: float) -> list:
     """Processes of ``seen`` still alive ``within_s`` from now (polled; the rest are killed after)."""
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
-        alive = [p for p in seen.values() if _alive(p)]
+        alive = [p for p in seen.values() if is_running(p)]
         if not alive:
             return []
         time.sleep(0.5)
-    alive = [p for p in seen.values() if _alive(p)]
+    alive = [p for p in seen.values() if is_running(p)]
     for p in alive:
         p.kill()
     return alive

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-__all__ = ["start_reaper", "reap_after"]
+__all__ = ["is_running", "reap_after", "start_reaper"]
 
 POLL_S = 1.0
 GRACE_S = 5.0
@@ -58,10 +58,10 @@ def reap_after(driver_pid: int, *, poll_s: float = POLL_S, grace_s: float = GRAC
                     seen.setdefault(proc.pid, proc)
         except psutil.NoSuchProcess:
             pass
-        if not _alive(driver):
+        if not is_running(driver):
             break
         time.sleep(poll_s)
-    survivors = [proc for proc in seen.values() if _alive(proc)]
+    survivors = [proc for proc in seen.values() if is_running(proc)]
     for proc in survivors:
         _signal(proc, "terminate")
     _, still = psutil.wait_procs(survivors, timeout=grace_s)
@@ -70,7 +70,8 @@ def reap_after(driver_pid: int, *, poll_s: float = POLL_S, grace_s: float = GRAC
     return [proc.pid for proc in survivors]
 
 
-def _alive(proc) -> bool:
+def is_running(proc) -> bool:
+    """``proc`` (a ``psutil.Process``) runs and is not a zombie (an exited orphan may never be reaped)."""
     import psutil
 
     try:
