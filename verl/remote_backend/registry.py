@@ -54,10 +54,12 @@ class RemoteBackendRegistry:
     MODULES: dict[str, str] = {
         "local": "verl.workers.remote_client.local_backend",
         "arctic": "verl.workers.remote_client.arctic_rl_client",
+        "tinker": "verl.workers.remote_client.tinker_client",
     }
     #: pip extra that provides a built-in backend's dependencies.
     INSTALL_HINTS: dict[str, str] = {
         "arctic": "pip install 'verl-remote-backend[arctic]'",
+        "tinker": "pip install 'verl-remote-backend[tinker]'",
     }
 
     _classes: dict[str, type[RemoteBackend]] = {}
