@@ -1,0 +1,365 @@
+"""The ``tinker`` backend against a real Tinker-API server: skyrl 0.4.0 (JAX, CPU), tinker SDK 0.25.0.
+
+One server (tiny Llama, started once for the module) serves every test here:
+
+* log-prob parity: the adapter's packed ``compute_log_prob`` (training client ``forward``) equals
+  the server's own ``compute_logprobs`` on the same tokens, for actor and reference;
+* update parity: the loss ``update_actor`` reports equals verl's PPO objective
+  (``compute_policy_loss_vanilla`` + ``agg_loss``) on the same log-probs for every
+  ``loss_agg_mode``, and the update lowers verl's objective (gradient direction);
+* generate / update_weights / handle: a re-attached instance (as in the rollout server) samples
+  from the newest weights, stops at EOS, and its ``destroy`` leaves the model alone;
+* the entry point end to end (``trainer.remote_backend=tinker``, GRPO on gsm8k, 2 steps),
+  resume from its checkpoint, and a server killed mid-run failing clearly within 30 s.
+
+The server's environment is built by ``scripts/setup_tinker_server.sh`` (cached); only when that
+build fails do these tests skip, with its output as the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("tinker", reason="the tinker SDK is not installed: pip install 'verl-remote-backend[tinker]'")
+
+from local_backend_helpers import dense_rollout_batch, random_rollouts, to_no_padding  # noqa: E402
+from remote_e2e import REPO_ROOT, build_gsm8k, compose, run_entry, small_ci_overrides  # noqa: E402
+from tinker_server import API_KEY, ServerEnvUnavailable, TinkerServer, build_tiny_llama, server_venv  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+LORA_RANK = 4
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tinker")
+    try:
+        venv = server_venv()
+    except ServerEnvUnavailable as exc:
+        pytest.skip(f"skyrl's Tinker server environment could not be built: {exc}")
+    model = build_tiny_llama(root / "model")
+    srv = TinkerServer(venv, model, root / "server").start()
+    print(f"[tinker] server ready in {srv.ready_s:.1f}s at {srv.base_url}")
+    try:
+        yield srv
+    finally:
+        srv.stop()
+    assert not srv.alive()
+
+
+def tinker_overrides(srv: TinkerServer) -> list[str]:
+    """What a verl GRPO line needs for this server: LoRA (rank in range, the server's alpha), no
+    gradient clipping (the server has none), and where the server is."""
+    return [
+        f"actor_rollout_ref.model.lora_rank={LORA_RANK}",
+        "actor_rollout_ref.model.lora_alpha=32",
+        "actor_rollout_ref.actor.grad_clip=0",
+        f"remote_backend.tinker.base_url={srv.base_url}",
+        f"remote_backend.tinker.api_key={API_KEY}",
+        "remote_backend.tinker.max_lora_rank=8",
+        "remote_backend.tinker.startup_timeout_s=120",
+    ]
+
+
+def backend_config(srv: TinkerServer, tmp: Path, *extra: str):
+    ov = small_ci_overrides(model=srv.model, train="unused", test="unused", ckpt_dir=tmp / "ckpt", steps=1, backend="tinker")
+    return compose(ov + tinker_overrides(srv) + ["actor_rollout_ref.actor.optim.lr=0.02", *extra])
+
+
+def batch(n: int = 4, seed: int = 0, **non_tensor):
+    prompts, responses = random_rollouts(n, seed=seed, vocab=400)
+    return prompts, responses, dense_rollout_batch(prompts, responses)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+# --------------------------------------------------------------------------- log-probs
+def test_compute_log_prob_equals_server_compute_logprobs(server, tmp_path):
+    from verl.remote_backend.registry import RemoteBackendRegistry
+
+    cfg = backend_config(server, tmp_path)
+    backend = RemoteBackendRegistry.create("tinker", cfg) if hasattr(RemoteBackendRegistry, "create") else None
+    backend = backend or RemoteBackendRegistry.get("tinker").from_config(cfg)
+    try:
+        prompts, responses, dense = batch(4, seed=1)
+        td = to_no_padding(dense)
+        actor = run(backend.compute_log_prob(td, ref=False, calculate_entropy=True, rollout_n=1, temperature=1.0, pad_token_id=0))
+        ref = run(backend.compute_log_prob(td, ref=True, calculate_entropy=False, rollout_n=1, temperature=1.0, pad_token_id=0))
+        packed = actor["model_output"]["log_probs"]
+        assert packed.shape == (td["input_ids"].values().numel(),)
+        # the server's own answer, through the SDK, on each row's tokens (one value per token after the first)
+        import tinker
+        from tinker import types
+
+        sampler = tinker.ServiceClient(base_url=server.base_url, api_key=API_KEY).create_sampling_client(base_model=server.model)
+        offsets = td["input_ids"].offsets().tolist()
+        for i, (p, r) in enumerate(zip(prompts, responses)):
+            want = sampler.compute_logprobs(types.ModelInput.from_ints(p + r)).result()
+            want = torch.tensor([float(x) for x in want[-(len(p) + r.__len__() - 1):]])
+            row = packed[offsets[i] : offsets[i + 1]]
+            # LoRA starts at B=0: actor == base model; slot t = log p(token t+1 | <= t), last slot 0
+            torch.testing.assert_close(row[:-1], want, rtol=0, atol=1e-4)
+            assert row[-1] == 0
+            torch.testing.assert_close(ref["model_output"]["log_probs"][offsets[i] : offsets[i + 1]][:-1], want, rtol=0, atol=1e-4)
+        torch.testing.assert_close(actor["model_output"]["entropy"], -packed)
+    finally:
+        backend.destroy()
+
+
+# --------------------------------------------------------------------------- update parity
+def _verl_objective(actor_cfg, old, new, adv, mask, mode):
+    from verl.trainer.ppo.core_algos import agg_loss
+
+    ratio = torch.exp(new - old)
+    low, high = 1 - actor_cfg.clip_ratio_low, 1 + actor_cfg.clip_ratio_high
+    l1 = -adv * ratio
+    l2 = -adv * torch.clamp(ratio, low, high)
+    clip1 = torch.maximum(l1, l2)
+    l3 = -adv * actor_cfg.clip_ratio_c
+    clip2 = torch.min(l3, clip1)
+    loss_mat = torch.where(adv < 0, clip2, clip1)  # verl's compute_policy_loss_vanilla
+    return float(agg_loss(loss_mat=loss_mat, loss_mask=mask, loss_agg_mode=mode))
+
+
+def _padded(packed, dense, td):
+    """Packed predict-next slots -> verl's [B, R] response log-probs."""
+    p_width = dense["prompts"].shape[1]
+    out = torch.zeros(dense["responses"].shape)
+    offsets = td["input_ids"].offsets().tolist()
+    for i in range(out.shape[0]):
+        p = int(dense["attention_mask"][i, :p_width].sum())
+        r = int(dense["attention_mask"][i, p_width:].sum())
+        row = packed[offsets[i] : offsets[i + 1]]
+        out[i, :r] = row[p - 1 : p - 1 + r]
+    return out
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
+def test_update_actor_matches_verl_objective(server, tmp_path, mode):
+    from omegaconf import OmegaConf
+
+    from verl.remote_backend.registry import RemoteBackendRegistry
+
+    cfg = backend_config(server, tmp_path, f"actor_rollout_ref.actor.loss_agg_mode={mode}",
+                         "actor_rollout_ref.actor.ppo_mini_batch_size=6", "data.train_batch_size=6",
+                         "actor_rollout_ref.actor.optim.lr=0.001", "actor_rollout_ref.actor.optim.weight_decay=0")
+    actor_cfg = OmegaConf.create(OmegaConf.to_container(cfg.actor_rollout_ref.actor, resolve=True))
+    backend = RemoteBackendRegistry.get("tinker").from_config(cfg)
+    try:
+        prompts, responses, dense = batch(6, seed=7)
+        td = to_no_padding(dense)
+        lp0 = run(backend.compute_log_prob(td, ref=False, calculate_entropy=False, rollout_n=1, temperature=1.0, pad_token_id=0))
+        new0 = _padded(lp0["model_output"]["log_probs"], dense, td)
+        mask = dense["response_mask"].float()
+        g = torch.Generator().manual_seed(3)
+        adv = (torch.randn(6, 1, generator=g) * torch.ones_like(mask)) * mask  # GRPO: one advantage per sequence
+        # old log-probs off by up to +-0.4: some ratios leave [0.8, 1.2], so the clip matters
+        old = (new0 + (torch.rand(new0.shape, generator=g) - 0.5) * 0.8) * mask
+        dense_u = dense.clone()
+        dense_u["advantages"], dense_u["old_log_probs"] = adv, old
+        tdu = to_no_padding(dense_u, mini_batch_size=6, epochs=1, seed=0, dataloader_kwargs={"shuffle": False})
+        out = run(backend.update_actor(tdu, actor_config=actor_cfg, pad_token_id=0, rollout_n=1, temperature=1.0))
+        want = _verl_objective(actor_cfg, old, new0, adv, mask, mode)
+        assert out["loss"] == pytest.approx(want, rel=1e-4, abs=1e-6), (mode, out["loss"], want)
+        assert out["metrics"]["pg_loss"] == [pytest.approx(want, rel=1e-4, abs=1e-6)]
+        assert out["metrics"]["grad_norm"][0] > 0 and math.isfinite(out["metrics"]["grad_norm"][0])
+        assert out["global_token_num"] == [len(p) + len(r) for p, r in zip(prompts, responses)]
+        # gradient direction: the server's step lowers verl's objective on the same batch
+        lp1 = run(backend.compute_log_prob(td, ref=False, calculate_entropy=False, rollout_n=1, temperature=1.0, pad_token_id=0))
+        after = _verl_objective(actor_cfg, old, _padded(lp1["model_output"]["log_probs"], dense, td), adv, mask, mode)
+        assert after < want, (mode, want, after)
+    finally:
+        backend.destroy()
+
+
+def test_negated_advantages_raise_verl_objective(server, tmp_path):
+    """The direction check can fail: the same step with the advantages' sign flipped raises it."""
+    from omegaconf import OmegaConf
+
+    from verl.remote_backend.registry import RemoteBackendRegistry
+
+    cfg = backend_config(server, tmp_path, "actor_rollout_ref.actor.optim.lr=0.001", "actor_rollout_ref.actor.optim.weight_decay=0",
+                         "actor_rollout_ref.actor.ppo_mini_batch_size=4", "data.train_batch_size=4")
+    actor_cfg = OmegaConf.create(OmegaConf.to_container(cfg.actor_rollout_ref.actor, resolve=True))
+    backend = RemoteBackendRegistry.get("tinker").from_config(cfg)
+    try:
+        _, _, dense = batch(4, seed=11)
+        td = to_no_padding(dense)
+        lp0 = run(backend.compute_log_prob(td, ref=False, calculate_entropy=False, rollout_n=1, temperature=1.0, pad_token_id=0))
+        new0 = _padded(lp0["model_output"]["log_probs"], dense, td)
+        mask = dense["response_mask"].float()
+        adv = torch.tensor([[1.0], [-1.0], [0.5], [-0.5]]) * mask
+        dense_u = dense.clone()
+        dense_u["advantages"], dense_u["old_log_probs"] = -adv, new0 * mask
+        tdu = to_no_padding(dense_u, mini_batch_size=4, epochs=1, seed=0, dataloader_kwargs={"shuffle": False})
+        run(backend.update_actor(tdu, actor_config=actor_cfg, pad_token_id=0, rollout_n=1, temperature=1.0))
+        lp1 = run(backend.compute_log_prob(td, ref=False, calculate_entropy=False, rollout_n=1, temperature=1.0, pad_token_id=0))
+        before = _verl_objective(actor_cfg, new0 * mask, new0, adv, mask, "token-mean")
+        after = _verl_objective(actor_cfg, new0 * mask, _padded(lp1["model_output"]["log_probs"], dense, td), adv, mask, "token-mean")
+        assert after > before
+    finally:
+        backend.destroy()
+
+
+# --------------------------------------------------------------------------- sampling and handles
+def test_generate_follows_update_weights_through_a_handle(server, tmp_path):
+    from verl.remote_backend.registry import RemoteBackendRegistry
+
+    cls = RemoteBackendRegistry.get("tinker")
+    cfg = backend_config(server, tmp_path)
+    owner = cls.from_config(cfg)
+    try:
+        handle = owner.reconnect_handle()
+        assert json.loads(json.dumps(handle)) == handle  # picklable/plain
+        rollout = cls.from_config(cfg, handle=handle)
+        params = {"max_tokens": 12, "temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True, "seed": 5}
+        out = run(rollout.generate([5, 17, 33, 99], params))
+        assert 1 <= len(out["token_ids"]) <= 12 and len(out["log_probs"]) == len(out["token_ids"])
+        eos = set(owner._eos_ids)
+        assert eos, "the tiny model's EOS id must be known"
+        # an EOS can only be the last token: sampling stops there
+        assert not (set(out["token_ids"][:-1]) & eos)
+        # train the actor hard towards one token, publish, and the re-attached sampler follows after wake_up
+        forwarder = cls.from_config(cfg, handle=handle)
+        target = 42
+        run(_train_towards(forwarder, cfg, target))
+        assert run(forwarder.update_weights())["policy_version"] == 1
+        run(rollout.wake_up())
+        after = run(rollout.generate([5, 17, 33, 99], {**params, "max_tokens": 6, "temperature": 0.0}))
+        assert after["token_ids"][0] == target, after
+        forwarder.destroy()
+        rollout.destroy()  # re-attached: must not unload the owner's model
+        again = run(owner.compute_log_prob(to_no_padding(batch(2, seed=2)[2]), ref=False, calculate_entropy=False,
+                                           rollout_n=1, temperature=1.0, pad_token_id=0))
+        assert torch.isfinite(again["model_output"]["log_probs"]).all()
+    finally:
+        owner.destroy()
+        owner.destroy()  # idempotent
+
+
+async def _train_towards(backend, cfg, target: int) -> None:
+    from omegaconf import OmegaConf
+
+    actor_cfg = OmegaConf.create(OmegaConf.to_container(cfg.actor_rollout_ref.actor, resolve=True))
+    actor_cfg.optim.lr = 0.05
+    prompt = [5, 17, 33, 99]
+    dense = dense_rollout_batch([prompt, prompt], [[target, target], [7, 8]])
+    mask = dense["response_mask"].float()
+    dense["advantages"] = torch.tensor([[1.0], [-1.0]]) * mask
+    dense["old_log_probs"] = torch.zeros_like(mask)
+    td = to_no_padding(dense, mini_batch_size=2, epochs=1, seed=0, dataloader_kwargs={"shuffle": False})
+    for _ in range(8):
+        lp = await backend.compute_log_prob(to_no_padding(dense_rollout_batch([prompt, prompt], [[target, target], [7, 8]])),
+                                            ref=False, calculate_entropy=False, rollout_n=1, temperature=1.0, pad_token_id=0)
+        dense["old_log_probs"] = _padded(lp["model_output"]["log_probs"], dense, td) * mask
+        td = to_no_padding(dense, mini_batch_size=2, epochs=1, seed=0, dataloader_kwargs={"shuffle": False})
+        await backend.update_actor(td, actor_config=actor_cfg, pad_token_id=0, rollout_n=1, temperature=1.0)
+
+
+# --------------------------------------------------------------------------- refusals before Ray
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        ("actor_rollout_ref.model.lora_rank=0", "actor_rollout_ref.model.lora_rank=0 is unset"),
+        ("actor_rollout_ref.model.lora_rank=9", "outside the server's range 1..8"),
+        ("actor_rollout_ref.model.lora_alpha=16", "actor_rollout_ref.model.lora_alpha=16"),
+        ("actor_rollout_ref.actor.use_kl_loss=true", "use_kl_loss=True"),
+        ("actor_rollout_ref.actor.grad_clip=1.0", "grad_clip=1.0"),
+        ("actor_rollout_ref.rollout.temperature=0.7", "temperature=0.7"),
+        ("actor_rollout_ref.actor.policy_loss.loss_mode=gspo", "loss_mode='gspo'"),
+    ],
+)
+def test_entry_point_refuses_before_ray(server, tmp_path, override, needle):
+    train, test = build_gsm8k(tmp_path / "data", max_train=8, max_test=4)
+    ov = small_ci_overrides(model=server.model, train=train, test=test, ckpt_dir=tmp_path / "ckpt", steps=1, backend="tinker")
+    start = time.monotonic()
+    res = run_entry(ov + tinker_overrides(server) + [override], workdir=tmp_path / "run", timeout_s=120)
+    assert res.returncode != 0
+    assert needle in res.output, res.tail()
+    assert "supported" in res.output
+    assert "Started a local Ray instance" not in res.output
+    assert time.monotonic() - start < 60
+
+
+# --------------------------------------------------------------------------- end to end
+def _gsm8k_overrides(server, tmp_path, ckpt, *, steps, save_freq=-1):
+    train, test = build_gsm8k(tmp_path / "data")
+    return small_ci_overrides(model=server.model, train=train, test=test, ckpt_dir=ckpt, steps=steps, backend="tinker",
+                              save_freq=save_freq) + tinker_overrides(server) + [
+        "actor_rollout_ref.actor.optim.lr=0.01",
+        # dense reward that varies within a GRPO group, so updates have a gradient
+        f"reward.custom_reward_function.path={REPO_ROOT / 'tests' / 'toy_reward.py'}",
+        "reward.custom_reward_function.name=digit_share",
+    ]
+
+
+STEP_METRICS = ("actor/pg_loss", "actor/grad_norm", "perf/mfu/actor", "critic/score/mean", "response_length/mean",
+                "timing_s/gen", "timing_s/update_actor")
+
+
+def test_grpo_on_gsm8k_end_to_end_then_resume(server, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    first = run_entry(_gsm8k_overrides(server, tmp_path, ckpt, steps=2, save_freq=2), workdir=tmp_path / "run1", timeout_s=900)
+    assert first.returncode == 0, first.tail()
+    for step in (1, 2):
+        data = first.step(step)
+        for key in STEP_METRICS:
+            assert key in data and math.isfinite(float(data[key])), f"step {step}: {key}={data.get(key)}"
+        print(f"[tinker e2e] step {step}: timing_s/step={data.get('timing_s/step')}")
+    assert max(float(first.step(s)["actor/grad_norm"]) for s in (1, 2)) > 0
+    record = json.loads((ckpt / "global_step_2" / "actor" / "tinker_checkpoint.json").read_text())
+    assert record["tinker_path"].startswith("tinker://") and record["step"] == 2
+    print(f"[tinker e2e] 2 steps in {first.wall_s:.0f}s, peak PSS {first.peak_pss_gb:.1f} GB")
+
+    ov = [o for o in _gsm8k_overrides(server, tmp_path, ckpt, steps=3) if not o.startswith("trainer.resume_mode")]
+    second = run_entry(ov + ["trainer.resume_mode=auto"], workdir=tmp_path / "run2", timeout_s=900)
+    assert second.returncode == 0, second.tail()
+    steps = [m["step"] for m in second.metrics]
+    assert steps == [3], steps  # resumed after step 2, ran only step 3
+    assert "tinker" in second.output
+
+
+def test_server_killed_mid_run_fails_clearly(server, tmp_path):
+    """A second server of our own (the shared one must survive) is SIGKILLed during step 1."""
+    victim = TinkerServer(server.venv, server.model, tmp_path / "victim").start()
+    try:
+        ov = _gsm8k_overrides(server, tmp_path, tmp_path / "ckpt", steps=3)
+        ov = [o for o in ov if not o.startswith("remote_backend.tinker.base_url")] + [f"remote_backend.tinker.base_url={victim.base_url}"]
+        killed_at: dict = {}
+
+        def killer() -> None:
+            # mid-step: once rollout sampling has reached the server
+            deadline = time.monotonic() + 600
+            while time.monotonic() < deadline:
+                if "/api/v1/asample" in victim.log_path.read_text(errors="replace"):
+                    time.sleep(1)
+                    victim.kill()
+                    killed_at["t"] = time.monotonic()
+                    return
+                time.sleep(0.5)
+
+        thread = threading.Thread(target=killer, daemon=True)
+        thread.start()
+        res = run_entry(ov, workdir=tmp_path / "run", timeout_s=600)
+        thread.join(timeout=5)
+        ended = time.monotonic()
+        assert "t" in killed_at, res.tail()
+        assert res.returncode != 0
+        assert "BackendDiedError" in res.output or "died" in res.output, res.tail()
+        assert victim.base_url in res.output, res.tail()
+        # run_entry returns when the child has exited (plus up to 10 s reaping its leftovers)
+        assert ended - killed_at["t"] < 30 + 12, ended - killed_at["t"]
+    finally:
+        victim.stop()
