@@ -239,11 +239,12 @@ def test_generate_follows_update_weights_through_a_handle(server, tmp_path):
         run(rollout.wake_up())
         after = run(rollout.generate([5, 17, 33, 99], {**params, "max_tokens": 6, "temperature": 0.0}))
         assert after["token_ids"][0] == target, after
-        forwarder.destroy()
         rollout.destroy()  # re-attached: must not unload the owner's model
-        again = run(owner.compute_log_prob(to_no_padding(batch(2, seed=2)[2]), ref=False, calculate_entropy=False,
-                                           rollout_n=1, temperature=1.0, pad_token_id=0))
+        # (only one process may send training requests of a model: the server numbers them per model)
+        again = run(forwarder.compute_log_prob(to_no_padding(batch(2, seed=2)[2]), ref=False, calculate_entropy=False,
+                                               rollout_n=1, temperature=1.0, pad_token_id=0))
         assert torch.isfinite(again["model_output"]["log_probs"]).all()
+        forwarder.destroy()
     finally:
         owner.destroy()
         owner.destroy()  # idempotent
