@@ -157,14 +157,14 @@ def lora_settings(main_config: "DictConfig", cfg: TinkerConfig) -> int:
     if not 1 <= rank <= int(cfg.max_lora_rank):
         why = "is unset (0)" if rank <= 0 else f"is outside the server's range 1..{cfg.max_lora_rank}"
         raise ConfigError(
-            f"{key}={rank} {why}: a Tinker server trains LoRA adapters only (no full fine-tuning). Set "
+            f"{key}={rank} {why} (supported: 1..{cfg.max_lora_rank}): a Tinker server trains LoRA adapters only (no full fine-tuning). Set "
             f"actor_rollout_ref.model.lora_rank to a value in 1..{cfg.max_lora_rank} "
             "(remote_backend.tinker.max_lora_rank is the server's limit)"
         )
     alpha = float(get_path(main_config, "actor_rollout_ref.model.lora_alpha", 16))
     if not math.isclose(alpha, float(cfg.server_lora_alpha)):
         raise ConfigError(
-            f"actor_rollout_ref.model.lora_alpha={alpha:g} is not supported: the Tinker server applies LoRA alpha "
+            f"actor_rollout_ref.model.lora_alpha={alpha:g} is not supported (supported: {float(cfg.server_lora_alpha):g}): the Tinker server applies LoRA alpha "
             f"{float(cfg.server_lora_alpha):g} whatever the client asks (remote_backend.tinker.server_lora_alpha). Set "
             f"actor_rollout_ref.model.lora_alpha={float(cfg.server_lora_alpha):g}"
         )
