@@ -323,7 +323,8 @@ class TinkerBackend(RemoteBackend):
             top_p=float(sampling_params.get("top_p", 1.0)),
             top_k=top_k if top_k > 0 else -1,
             stop=list(self._eos_ids) or None,
-            seed=None if sampling_params.get("seed") is None else int(sampling_params["seed"]),
+            # verl's per-sample seeds are 64-bit; skyrl's sampler takes an int32
+            seed=None if sampling_params.get("seed") is None else int(sampling_params["seed"]) % (2**31),
         )
         prompt = ttypes.ModelInput.from_ints([int(t) for t in prompt_ids])
         resp = await self._call("generate", lambda: sampler.sample(prompt, 1, params).result())
