@@ -35,7 +35,7 @@ from local_backend_helpers import dense_rollout_batch, random_rollouts, to_no_pa
 from remote_e2e import REPO_ROOT, build_gsm8k, compose, run_entry, small_ci_overrides  # noqa: E402
 from tinker_server import API_KEY, ServerEnvUnavailable, TinkerServer, build_tiny_llama, server_venv  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.tinker]
 
 LORA_RANK = 4
 
@@ -350,14 +350,15 @@ def test_server_killed_mid_run_fails_clearly(server, tmp_path):
 
         thread = threading.Thread(target=killer, daemon=True)
         thread.start()
+        started = time.monotonic()
         res = run_entry(ov, workdir=tmp_path / "run", timeout_s=600)
         thread.join(timeout=5)
-        ended = time.monotonic()
+        ended = started + res.wall_s  # the child's exit (wall_s stops before leftovers are reaped)
         assert "t" in killed_at, res.tail()
         assert res.returncode != 0
         assert "BackendDiedError" in res.output or "died" in res.output, res.tail()
         assert victim.base_url in res.output, res.tail()
-        # run_entry returns when the child has exited (plus up to 10 s reaping its leftovers)
-        assert ended - killed_at["t"] < 30 + 12, ended - killed_at["t"]
+        print(f"[tinker kill] run exited {ended - killed_at['t']:.1f}s after the server was killed")
+        assert ended - killed_at["t"] < 30, ended - killed_at["t"]
     finally:
         victim.stop()

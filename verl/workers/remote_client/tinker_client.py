@@ -227,7 +227,8 @@ class TinkerBackend(RemoteBackend):
         self._closed = True
         if self._owner:
             try:
-                self._unload()
+                if self._reachable():  # a dead server: nothing to unload, do not wait on it
+                    self._unload()
             except Exception as exc:  # destroy runs in `finally` blocks: report, do not mask the first error
                 logger.warning("tinker: unloading model %s failed: %s", self.model_id, _describe(exc))
         if self._server is not None:
@@ -470,6 +471,15 @@ class TinkerBackend(RemoteBackend):
             self._sampler = self._service.create_sampling_client(model_path=names[-1][1])
             self._sampler_path = names[-1][1]
         return self._sampler
+
+    def _reachable(self) -> bool:
+        try:
+            url = f"{self.cfg.base_url.rstrip('/')}/api/v1/healthz"
+            with urllib.request.urlopen(url, timeout=min(5.0, float(self.cfg.connect_timeout_s))) as resp:
+                return resp.status == 200
+        except Exception as exc:
+            logger.warning("tinker: server %s unreachable at teardown (%s); model %s not unloaded", self.cfg.base_url, exc, self.model_id)
+            return False
 
     def _unload(self) -> None:
         holder = self._service.holder
