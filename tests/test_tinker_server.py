@@ -309,8 +309,14 @@ STEP_METRICS = ("actor/pg_loss", "actor/grad_norm", "perf/mfu/actor", "critic/sc
 
 def test_grpo_on_gsm8k_end_to_end_then_resume(server, tmp_path):
     ckpt = tmp_path / "ckpt"
+    log_start = server.log_path.stat().st_size
     first = run_entry(_gsm8k_overrides(server, tmp_path, ckpt, steps=2, save_freq=2), workdir=tmp_path / "run1", timeout_s=900)
     assert first.returncode == 0, first.tail()
+    with open(server.log_path, "rb") as fh:
+        fh.seek(log_start)
+        served = fh.read().decode(errors="replace")
+    # the forwarder published sampler weights and the rollout process looked them up (wake_up)
+    assert "POST /api/v1/save_weights_for_sampler" in served and "/checkpoints" in served
     for step in (1, 2):
         data = first.step(step)
         for key in STEP_METRICS:
