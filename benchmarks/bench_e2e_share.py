@@ -25,6 +25,7 @@ Usage: ``python -m benchmarks.bench_e2e_share [--steps 5] [--hidden 256 --layers
 
 from __future__ import annotations
 
+import asyncio
 import argparse
 import statistics
 import sys
@@ -59,7 +60,7 @@ def run_grpo(
 ) -> tuple[Any, dict[str, Any]]:
     """One GRPO run through the entry point; returns (RunResult, the settings used)."""
     e2e = _e2e_helpers()
-    from verl.remote_backend.tiny_model import build_tiny_model
+    from verl.remote_backend.testing.tiny_model import build_tiny_model
 
     model = build_tiny_model(str(workdir / "model"), hidden_size=hidden, num_layers=layers)
     train, test = e2e.build_gsm8k(workdir / "data", max_train=batch_size * (steps + 1), max_test=4)
@@ -118,7 +119,7 @@ def replica_extra_seconds(model: str, *, requests: int, max_tokens: int, repeats
         ray.kill(server)
         return times["server"], times["direct"]
     finally:
-        backend.destroy()
+        asyncio.run(backend.destroy())
 
 
 def _median(metrics: list[dict[str, Any]], key: str) -> Optional[float]:

@@ -21,9 +21,14 @@ PAD_ID = 0
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:
-    from verl.remote_backend.tiny_model import build_tiny_model
+    from verl.remote_backend.testing.tiny_model import build_tiny_model
 
     return build_tiny_model(str(tmp_path_factory.mktemp("local_backend_tiny")))
+
+
+async def engine_info(backend: Any) -> dict[str, Any]:
+    """The local engine actor's live status (pid, global_step, policy_version, batches_run, ...)."""
+    return await backend.reconnect_handle()["actor"].info.remote()
 
 
 @contextlib.contextmanager

@@ -38,7 +38,7 @@ REQUIRED_STEP_METRICS = (
 
 def build_model(out_dir: Path) -> str:
     """The tiny Qwen2 + tokenizer (seconds on CPU)."""
-    from verl.remote_backend.tiny_model import build_tiny_model
+    from verl.remote_backend.testing.tiny_model import build_tiny_model
 
     return build_tiny_model(str(out_dir))
 

@@ -11,6 +11,7 @@ import pytest
 import ray
 
 from remote_e2e import compose
+from stub_backend import StubBackend
 from verl.remote_backend import RemoteBackend, RemoteBackendRegistry, UnknownBackendError
 from verl.remote_backend.main_ppo import run
 from verl.remote_backend.validation import (
@@ -138,36 +139,14 @@ def test_other_unsupported_settings_name_the_setting_and_the_fix(change, setting
     assert "Fix:" in message and fix in message
 
 
-class _NoResumeBackend(RemoteBackend):
-    """Implements the nine methods only: no load_checkpoint."""
+def _never_created(cls, main_config, *, handle=None):
+    raise AssertionError("validation must fail before the backend is created")
 
-    @classmethod
-    def from_config(cls, main_config, *, handle=None):
-        raise AssertionError("validation must fail before the backend is created")
 
-    def reconnect_handle(self):
-        return {}
-
-    def destroy(self):
-        return None
-
-    def requires_single_forwarder(self):
-        return True
-
-    async def compute_log_prob(self, data, **kwargs):
-        raise NotImplementedError
-
-    async def update_actor(self, data, **kwargs):
-        raise NotImplementedError
-
-    async def generate(self, prompt_ids, sampling_params):
-        raise NotImplementedError
-
-    async def update_weights(self):
-        return None
-
-    async def save_checkpoint(self, path=None, step=None):
-        return path
+#: the nine methods only: no load_checkpoint
+_NoResumeBackend = StubBackend.variant(
+    "NoResumeBackend", load_checkpoint=RemoteBackend.load_checkpoint, from_config=classmethod(_never_created)
+)
 
 
 @pytest.fixture
@@ -293,7 +272,7 @@ def test_empty_prompts_are_counted_and_fail_before_ray(tmp_path):
 
 
 def test_overlong_prompts_kept_by_the_filter_setting_fail_before_ray(tmp_path):
-    from verl.remote_backend.tiny_model import build_tiny_model
+    from verl.remote_backend.testing.tiny_model import build_tiny_model
 
     model = build_tiny_model(str(tmp_path / "model"))
     rows = [{"prompt": [{"role": "user", "content": "short"}]}, {"prompt": [{"role": "user", "content": "long " * 200}]}]

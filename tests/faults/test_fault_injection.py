@@ -27,7 +27,7 @@ NAME = "fault-scripted"
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
-    from verl.remote_backend.tiny_model import build_tiny_model
+    from verl.remote_backend.testing.tiny_model import build_tiny_model
 
     return build_tiny_model(str(tmp_path_factory.mktemp("faults_model")))
 
@@ -128,7 +128,7 @@ def test_frozen_backend_is_declared_dead_by_the_watchdog(fault, make_forwarder, 
     with fault.expect(
         BackendDiedError,
         match=r"'fault-scripted' died during .*2 consecutive health probes failed.*no answer to health\(\) within 0\.5s"
-        r".*Its logs: /nonexistent/scripted-backend\.log",
+        r".*Its logs: /nonexistent/stub-backend\.log",
         within_s=6,
     ):
         run(forwarder.compute_log_prob(batch()))
@@ -141,9 +141,9 @@ def test_frozen_backend_is_declared_dead_by_the_watchdog(fault, make_forwarder, 
 @pytest.mark.parametrize(
     "kind, match",
     [
-        ("wrong_shape", r"model_output\['log_probs'\]: expected shape \[12\] \(one value per packed token; rows \[5, 7\]\), got \[11\]"),
-        ("nan", r"model_output\['log_probs'\]: expected finite values, got 1 NaN/Inf \(first at packed index 3: row 0, token 3"),
-        ("missing_key", r"model_output\['log_probs'\] is missing; expected a float tensor of shape \[12\] \(keys present: \['entropy'\]\)"),
+        ("wrong_shape", r"compute_log_prob: log_probs: expected shape \[12\] \(one value per packed token; rows \[5, 7\]\), got \[11\]"),
+        ("nan", r"compute_log_prob: log_probs: expected finite values, got 1 NaN/Inf \(first at packed index 3: row 0, token 3"),
+        ("missing_key", r"compute_log_prob: entropy was asked for \(calculate_entropy=True\) but the result has none"),
     ],
 )
 def test_malformed_log_probs_are_named(fault, make_forwarder, kind, match):

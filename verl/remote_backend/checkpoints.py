@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from typing import Optional
 
 from verl.remote_backend.reliability import ResumeCheckpointError
@@ -41,6 +42,8 @@ __all__ = [
     "check_resume_checkpoint",
     "resume_failure",
     "step_of",
+    "parse_global_step",
+    "checkpoints_to_prune",
 ]
 
 #: verl's tracker of the last *completed* checkpoint (written after everything else).
@@ -171,3 +174,25 @@ def tracker_target_problem(root: str) -> Optional[str]:
     if os.path.isdir(step_dir):
         return None
     return f"{os.path.join(root, TRACKER_FILE)} names step {step}, but {step_dir} does not exist"
+
+
+_STEP_RE = re.compile(r"global_step_(\d+)")
+
+
+def parse_global_step(path: str) -> Optional[int]:
+    """The ``N`` of the last ``global_step_N`` component of ``path``, else ``None``."""
+    found = _STEP_RE.findall(str(path))
+    return int(found[-1]) if found else None
+
+
+def checkpoints_to_prune(saved: Sequence[str], max_keep: Optional[int], *, protect: Optional[str] = None) -> list[str]:
+    """Oldest entries of ``saved`` (oldest first) beyond the newest ``max_keep``.
+
+    ``None`` or a value <= 0 keeps everything, as in verl's checkpoint managers.
+    ``protect`` (the checkpoint verl's tracker names) is never pruned, so a crash
+    between saving a new checkpoint and verl confirming it leaves one to resume from.
+    """
+    if max_keep is None or max_keep <= 0 or len(saved) <= max_keep:
+        return []
+    keep = None if protect is None else os.path.normpath(os.path.abspath(protect))
+    return [p for p in saved[: len(saved) - max_keep] if keep is None or os.path.normpath(os.path.abspath(p)) != keep]

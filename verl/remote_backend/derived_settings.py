@@ -20,9 +20,9 @@ from omegaconf import OmegaConf, open_dict
 from verl.remote_backend.validation import (
     REMOTE_ROLLOUT_NAME,
     RemoteBackendConfigError,
-    probe_single_forwarder,
     backend_name,
 )
+from verl.remote_backend.base import requires_single_forwarder
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -120,7 +120,7 @@ def derive_remote_settings(config: "DictConfig", explicit: Optional[Collection[s
         backend_cls = RemoteBackendRegistry.get(name)
     except Exception:  # noqa: BLE001 - an unknown or broken name: validation names it and the fix
         return changes
-    if probe_single_forwarder(backend_cls):
+    if requires_single_forwarder(backend_cls):
         reason = f"backend {name!r} owns its parallelism: one CPU forwarder (its devices: remote_backend.{name}.*)"
         require("trainer.n_gpus_per_node", 1, reason)
         require("trainer.nnodes", 1, reason)

@@ -21,7 +21,7 @@ import importlib
 import importlib.metadata
 import os
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from verl.remote_backend.base import RemoteBackend
 
@@ -190,8 +190,3 @@ def _import_external_modules() -> None:
             raise BackendImportError(
                 f"{_EXTERNAL_MODULES_ENV} lists {module!r}, which failed to import: {type(exc).__name__}: {exc}"
             ) from exc
-
-
-def resolve_optional(name: Optional[str]) -> Optional[type[RemoteBackend]]:
-    """``None`` for ``trainer.remote_backend=null``; else ``RemoteBackendRegistry.get(name)``."""
-    return None if name in (None, "", "null", "None") else RemoteBackendRegistry.get(name)

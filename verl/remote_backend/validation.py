@@ -20,7 +20,7 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
-from verl.remote_backend.base import RemoteBackend, backend_checkpoint_problem, check_backend_config, supports_resume
+from verl.remote_backend.base import RemoteBackend, requires_single_forwarder, supports_resume
 from verl.remote_backend.checkpoints import checkpoint_problem, resume_failure, step_of, tracker_target_problem
 from verl.remote_backend.data_checks import DataFileError, check_data_files
 from verl.remote_backend.registry import RemoteBackendRegistry
@@ -82,22 +82,6 @@ def _num_forwarders(config: "DictConfig") -> int:
 
 def _fail(setting: str, value: Any, problem: str, fix: str) -> RemoteBackendConfigError:
     return RemoteBackendConfigError(f"{setting}={value!r}: {problem}. Fix: {fix}")
-
-
-def probe_single_forwarder(backend_cls: type[RemoteBackend]) -> Optional[bool]:
-    """``requires_single_forwarder()`` without creating the engine, or ``None`` if unknown.
-
-    The method is an instance method; for almost every backend it returns a
-    constant, so calling it on a bare, un-initialised instance answers the
-    question before anything starts. A backend whose answer depends on its
-    state raises here; the trainer then asks the real instance after creation.
-    """
-    try:
-        probe = object.__new__(backend_cls)
-        answer = backend_cls.requires_single_forwarder(probe)
-    except Exception:  # noqa: BLE001 - any failure just means "ask later"
-        return None
-    return bool(answer) if isinstance(answer, bool) else None
 
 
 def check_single_forwarder(name: str, single: bool, config: "DictConfig") -> None:
@@ -350,7 +334,7 @@ def validate_remote_backend_config(
             "set actor_rollout_ref.rollout.tensor_model_parallel_size=1 (and data/pipeline_model_parallel_size=1)",
         )
     _check_batch_sizes(config)
-    single = probe_single_forwarder(backend_cls)
+    single = requires_single_forwarder(backend_cls)
     if single:
         check_single_forwarder(name, True, config)
 
@@ -420,7 +404,7 @@ def validate_remote_backend_config(
         except DataFileError as exc:
             raise RemoteBackendConfigError(str(exc)) from None
     try:
-        check_backend_config(backend_cls, config)
+        backend_cls.check_config(config)
     except RemoteBackendConfigError:
         raise
     except ValueError as exc:  # the backend's own rule: its message names the key and the fix
@@ -437,8 +421,8 @@ def validate_remote_backend_config(
             "at an empty directory",
         )
     if resume_from is not None:
-        problem = checkpoint_problem(resume_from, checksums=scan_files) or backend_checkpoint_problem(
-            backend_cls, os.path.join(resume_from, "actor"), step_of(resume_from)
+        problem = checkpoint_problem(resume_from, checksums=scan_files) or backend_cls.checkpoint_problem(
+            os.path.join(resume_from, "actor"), step_of(resume_from)
         )
         if problem is not None:
             raise resume_failure(resume_from, problem)

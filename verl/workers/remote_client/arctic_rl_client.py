@@ -48,7 +48,8 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import arctic_platform.client as arctic_client  # noqa: F401  (fails early with the registry's install hint)
 
-from verl.remote_backend.base import BackendDevice, RemoteBackend
+from verl.remote_backend.base import RemoteBackend
+from verl.remote_backend.results import BackendDevice, GenerateResult, LogProbResult, UpdateResult
 from verl.remote_backend.registry import RemoteBackendRegistry
 from verl.remote_backend.reliability import BackendClosedError, ResumeCheckpointError
 from verl.workers.remote_client.arctic import bodies
@@ -216,7 +217,8 @@ class ArcticBackend(RemoteBackend):
                 executor.shutdown(wait=False, cancel_futures=True)
         self._executor = self._gen_executor = None
 
-    def requires_single_forwarder(self) -> bool:
+    @classmethod
+    def requires_single_forwarder(cls) -> bool:
         return True  # Arctic owns training/sampling parallelism; verl runs one CPU forwarder
 
     # ------------------------------------------------------------ data path
@@ -229,7 +231,7 @@ class ArcticBackend(RemoteBackend):
         rollout_n: int,
         temperature: float,
         pad_token_id: int,
-    ) -> dict[str, Any]:
+    ) -> LogProbResult:
         """``fwd_no_grad`` on the training job (actor) or the log-prob job (``ref``); packed ``[T]`` back."""
         op = "compute_ref_log_prob" if ref else "compute_log_prob"
         if ref and self._log_prob_gpus == 0:
@@ -244,16 +246,18 @@ class ArcticBackend(RemoteBackend):
         out = require(resp, "batch", op=op)
         if self.cfg.zorro.train:  # ZoRRo answers token-aligned (column t = log p(token t)); verl wants predict-next
             out = {k: token_aligned_to_predict_next(v) if k in ("logprobs", "entropy") else v for k, v in out.items()}
-        model_output = {"log_probs": self._packed(out, "logprobs", mask, op)}
-        if calculate_entropy:
-            model_output["entropy"] = self._packed(out, "entropy", mask, op)
         metrics = map_step_metrics({k: v for k, v in (resp.get("metrics") or {}).items() if k != "loss"})
         count = self._log_prob_gpus if ref else self.cfg.training_gpus
-        return {"model_output": model_output, "metrics": metrics, "device": self._device(count)}
+        return LogProbResult(
+            log_probs=self._packed(out, "logprobs", mask, op),
+            entropy=self._packed(out, "entropy", mask, op) if calculate_entropy else None,
+            metrics=metrics,
+            device=self._device(count),
+        )
 
     async def update_actor(
         self, data: "TensorDict", *, actor_config: Any, pad_token_id: int, rollout_n: int, temperature: float
-    ) -> dict[str, Any]:
+    ) -> UpdateResult:
         """verl's PPO loop on Arctic: one ``fwd_bwd`` + ``step`` per mini-batch, epochs x mini-batches."""
         op = "update_actor"
         get = functools.partial(_get, actor_config)
@@ -297,14 +301,14 @@ class ArcticBackend(RemoteBackend):
             losses.append(loss)
             step_metrics = require(st, "metrics", op=op, where="step response", kind=dict)
             per_mb.append({**map_step_metrics(fb_metrics), **map_step_metrics(step_metrics)})
-        return {
-            "loss": float(sum(losses)),
-            "metrics": aggregate_update_metrics(per_mb),
-            "global_token_num": data["input_ids"].offsets().diff().tolist(),
-            "device": self._device(self.cfg.training_gpus),
-        }
+        return UpdateResult(
+            metrics=aggregate_update_metrics(per_mb),
+            loss=float(sum(losses)),
+            global_token_num=data["input_ids"].offsets().diff().tolist(),
+            device=self._device(self.cfg.training_gpus),
+        )
 
-    async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any]) -> dict[str, Any]:
+    async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any]) -> GenerateResult:
         """One sample through Arctic's text-prompt ``/generate``; token ids in, token ids out.
 
         The prompt is decoded to text and the decode is proven to re-tokenize to
@@ -465,6 +469,6 @@ class ArcticBackend(RemoteBackend):
         except ValueError as exc:
             raise ArcticResponseError(f"Arctic {op}: {exc}") from exc
 
-    def _device(self, count: int) -> dict:
+    def _device(self, count: int) -> BackendDevice:
         d = self.cfg.device
-        return BackendDevice(type=d.type, count=max(1, int(count)), peak_flops=d.peak_flops, name=d.name).to_dict()
+        return BackendDevice(type=d.type, count=max(1, int(count)), peak_flops=d.peak_flops, name=d.name)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from verl.workers.remote_client.arctic.errors import ArcticResponseError, PromptRoundTripError, require
+from verl.remote_backend.results import GenerateResult
 
 __all__ = ["get_path", "load_tokenizer", "prompt_text", "parse_result"]
 
@@ -61,14 +62,14 @@ def prompt_text(tokenizer: Any, ids: list[int], *, add_special_tokens: bool) -> 
     return text
 
 
-def parse_result(result: Any, *, want_logprobs: bool) -> dict[str, Any]:
-    """One ``/generate`` result -> the contract's ``{"token_ids", "log_probs", "stop_reason"}``."""
+def parse_result(result: Any, *, want_logprobs: bool) -> GenerateResult:
+    """One ``/generate`` result -> the contract's :class:`GenerateResult`."""
     token_ids = require(result, "token_ids", op="generate", where="generate result", kind=list)
     if not all(isinstance(t, int) and not isinstance(t, bool) for t in token_ids):
         raise ArcticResponseError("Arctic generate: generate result.token_ids must be a list of ints")
     log_probs = _sampled_logprobs(result, token_ids) if want_logprobs else None
     finish = result.get("finish_reason")
-    return {"token_ids": token_ids, "log_probs": log_probs, "stop_reason": "aborted" if finish == "abort" else "completed"}
+    return GenerateResult(token_ids, log_probs, "aborted" if finish == "abort" else "completed")
 
 
 def _sampled_logprobs(result: dict, token_ids: list[int]) -> list[float]:

@@ -41,7 +41,6 @@ from verl.remote_backend.layout import contiguous_rows, offsets_from_lengths, pa
 
 __all__ = [
     "PayloadError",
-    "row_lengths",
     "njt_to_dense",
     "dense_to_packed",
     "token_aligned_to_predict_next",
@@ -60,13 +59,6 @@ class PayloadError(ValueError):
 
     The message names the field, the expected shape/value and the actual one.
     """
-
-
-def row_lengths(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Real tokens per row: ``attention_mask [B, S]`` -> ``int64 [B]``."""
-    if attention_mask.dim() != 2:
-        raise PayloadError(f"attention_mask must be 2-D [B, S], got shape {tuple(attention_mask.shape)}")
-    return attention_mask.to(torch.bool).sum(dim=-1, dtype=torch.int64)
 
 
 def _values(tensor: torch.Tensor) -> torch.Tensor:

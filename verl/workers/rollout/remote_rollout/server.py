@@ -10,9 +10,8 @@ backend is expected to batch them.
 
 Lifecycle calls from verl (``sleep`` after every generation phase,
 ``wake_up``, ``clear_kv_cache``, ``abort_all_requests``, ``resume_generation``,
-profiling) map onto *optional* backend capabilities, detected by name:
-``async sleep()``, ``async wake_up()``, ``async clear_kv_cache()``. A backend
-without them keeps its sampler resident and these calls are no-ops. After
+profiling) map onto the backend's optional ``sleep`` / ``wake_up`` / ``clear_kv_cache``
+(see :mod:`verl.remote_backend.base`); without them these calls are no-ops. After
 ``sleep`` the next ``generate`` wakes the backend first, because with verl's
 ``naive`` weight sync nobody else calls ``wake_up`` before the next rollout.
 """
@@ -20,13 +19,13 @@ without them keeps its sampler resident and these calls are no-ops. After
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import os
 from typing import Any, Optional
 
 from omegaconf import DictConfig
 
+from verl.remote_backend.base import destroy_backend, implements
 from verl.remote_backend.guard import BackendGuard
 from verl.remote_backend.registry import RemoteBackendRegistry
 from verl.remote_backend.reliability import ReliabilitySettings
@@ -139,16 +138,12 @@ class RemoteRolloutServer:
         """See :meth:`start_profile`."""
 
     async def _maybe_call(self, method: str) -> None:
-        fn = getattr(self._backend, method, None)
-        if fn is None or not inspect.iscoroutinefunction(fn):
-            return
-        await self._guard.call(method, fn)
+        if implements(self._backend, method):
+            await self._guard.call(method, getattr(self._backend, method))
 
     async def destroy(self) -> None:
         """Drop this server's connection (the shared engine stays up: the client was re-attached)."""
-        result = self._backend.destroy()
-        if inspect.isawaitable(result):
-            await asyncio.wait_for(result, timeout=self._guard.settings.timeouts.destroy)
+        await asyncio.wait_for(destroy_backend(self._backend), timeout=self._guard.settings.timeouts.destroy)
 
 
 def _model_vocab_size(main_config: DictConfig) -> Optional[int]:

@@ -6,7 +6,7 @@ The result is a normal Hugging Face model directory (``config.json``,
 ``model.safetensors``, tokenizer files with a chat template), loadable with
 ``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer.from_pretrained``.
 
-Command line: ``python -m verl.remote_backend.tiny_model OUT_DIR [--hidden 64 --layers 2]``.
+Command line: ``python -m verl.remote_backend.testing.tiny_model OUT_DIR [--hidden 64 --layers 2]``.
 """
 
 from __future__ import annotations
