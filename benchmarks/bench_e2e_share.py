@@ -25,10 +25,9 @@ Usage: ``python -m benchmarks.bench_e2e_share [--steps 5] [--hidden 256 --layers
 
 from __future__ import annotations
 
-import asyncio
 import argparse
+import asyncio
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Optional
@@ -36,14 +35,13 @@ from typing import Any, Optional
 from benchmarks.common import Result, format_table
 
 TARGET = 0.10
-_TESTS_DIR = Path(__file__).resolve().parents[1] / "tests"
 
 
 def _e2e_helpers():
-    """``tests/remote_e2e.py`` (gsm8k subset, tiny model, small-CI overrides, entry-point runner)."""
-    if str(_TESTS_DIR) not in sys.path:
-        sys.path.insert(0, str(_TESTS_DIR))
-    import remote_e2e
+    """The end-to-end harness of the test suite (``tests/remote_e2e.py``: gsm8k subset, tiny
+    model, small-CI overrides, entry-point runner), imported as a package from the repository
+    root (benchmarks run as ``python -m benchmarks...`` there)."""
+    from tests import remote_e2e
 
     return remote_e2e
 
@@ -84,7 +82,6 @@ def run_grpo(
 def replica_extra_seconds(model: str, *, requests: int, max_tokens: int, repeats: int = 7) -> tuple[float, float]:
     """(through the rollout server, straight to the engine client) median seconds of ``requests``
     concurrent generate calls. Needs Ray; starts and destroys its own local backend."""
-    import asyncio
 
     import ray
 

@@ -42,7 +42,7 @@ def test_the_failure_block_starts_with_the_innermost_cause_behind_rays_wrappers(
     lines = failure_report(wrapped, run_dir=str(tmp_path)).splitlines()
     assert lines[0] == (
         "[remote_backend] run failed: BackendDiedError: remote backend 'local' died during update_actor: "
-        f"ActorDiedError. Its logs: /logs/engine.err. Nothing was re-sent; restart the backend and resume from "
+        "ActorDiedError. Its logs: /logs/engine.err. Nothing was re-sent; restart the backend and resume from "
         "the last complete checkpoint (trainer.resume_mode=auto)."
     )
     assert lines[1].startswith("  logs: " + str(tmp_path)) and lines[-1] == "  (the full traceback follows)"

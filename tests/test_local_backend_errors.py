@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from local_backend_helpers import engine_settings, main_config, tiny_model_dir  # noqa: F401  (fixture)
+from local_backend_helpers import engine_settings, main_config
 
 
 def _cfg(model_path, **local):

@@ -10,28 +10,15 @@ import torch
 
 from verl.remote_backend.reliability import BackendClosedError
 
-from local_backend_helpers import (  # noqa: F401  (fixture)
+from local_backend_helpers import (
     engine_info,
     dense_rollout_batch,
     main_config,
     random_rollouts,
-    tiny_model_dir,
     to_no_padding,
 )
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=4, include_dashboard=False)
-    yield
-    if started:
-        ray.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +131,7 @@ def test_reattach_from_another_process_uses_the_same_engine_and_never_kills_it(b
         import os
 
         attached = LocalBackend.from_config(cfg, handle=handle)
-        info = asyncio.run(engine_info(attached))
+        info = ray.get(attached.reconnect_handle()["actor"].info.remote())  # the engine it reached
         out = asyncio.run(attached.generate([5, 6, 7], {"max_tokens": 4, "temperature": 0}))
         asyncio.run(attached.destroy())
         asyncio.run(attached.destroy())

@@ -25,7 +25,6 @@ import signal
 import time
 from typing import Any, Optional
 
-import torch
 
 from stub_backend import StubBackend, corrupt
 from verl.remote_backend import RemoteBackendRegistry

@@ -62,19 +62,6 @@ def model_dir(tmp_path_factory) -> str:
     return build_model(tmp_path_factory.mktemp("slow_faults_model"))
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    yield
-    if started:
-        ray.shutdown()
-        assert not ray.is_initialized()
-
-
 @pytest.fixture(autouse=True)
 def clean_script():
     CorruptingLocalBackend.SCRIPT.clear()

@@ -1,12 +1,9 @@
 """One switch: the verl keys a remote-backend run requires are derived from ``trainer.remote_backend``.
 
-A verl GRPO command line describes verl's own engines (vLLM rollout with tensor parallelism,
-FSDP workers on 8 GPUs per node, the legacy-worker switch on ``auto``). With a remote backend
-those engines are not started - the backend trains and samples - so the keys that describe
-them have exactly one valid value on the remote path. :func:`derive_remote_settings` sets them,
-and the entry point prints one line listing what changed. A value that asks for something the
-remote path cannot do (``use_legacy_worker_impl=enable``, an accelerator for the CPU-only
-forwarders, an unknown rollout engine), set explicitly, is refused with the key and the reason.
+A verl GRPO command line describes verl's own engines (vLLM rollout with tensor parallelism, FSDP
+workers on 8 GPUs per node, the legacy-worker switch). With a remote backend those engines are
+not started, so the keys that describe them have exactly one valid value on the remote path.
+This module sets them, so a user adds only the switch to verl's own command line.
 """
 
 from __future__ import annotations
@@ -66,7 +63,9 @@ def derive_remote_settings(config: "DictConfig", explicit: Optional[Collection[s
     Nothing happens when ``trainer.remote_backend`` is null.
 
     Raises:
-        RemoteBackendConfigError: an explicit value the remote path cannot honour.
+        RemoteBackendConfigError: an explicit value the remote path cannot honour
+            (``use_legacy_worker_impl=enable``, an accelerator ``trainer.device``, an unknown
+            rollout engine), naming the key and the reason.
     """
     name = backend_name(config)
     if name is None:

@@ -1,14 +1,9 @@
 """Ctrl-C: the run stops within seconds, tears the backend down and says how to resume.
 
-Ray blocks SIGINT in its worker processes, so a Ctrl-C reaches only the driver, whose
-``ray.get`` raises ``KeyboardInterrupt`` while the task runner (and the backend it owns) keeps
-going until Ray is shut down under it. Instead:
-
-* the task runner accepts SIGINT in its main thread (:func:`sigint_raises_keyboard_interrupt`):
-  the trainer's teardown runs and the run ends with :class:`RunInterruptedError` (step reached);
-* the driver starts the runner through :class:`RunnerLauncher`, which remembers the runner's
-  process and its ``run`` call; on ``KeyboardInterrupt`` it forwards SIGINT to the runner and
-  waits (bounded) for that teardown, then prints :func:`interrupt_report` and exits with 130.
+Ray blocks SIGINT in its worker processes, so a Ctrl-C reaches only the driver, while the task
+runner (and the backend it owns) would keep going until Ray shuts down under it. This module
+carries the interrupt to the runner, lets its teardown run and destroy the backend, and gives
+the driver what it prints before exiting with 130 (step reached, last checkpoint, resume command).
 """
 
 from __future__ import annotations

@@ -1,41 +1,9 @@
-"""The ``arctic`` remote backend: verl's RemoteBackend on the published Arctic RL client.
+"""The ``arctic`` remote backend: verl's ``RemoteBackend`` on the published Arctic RL client.
 
-Wraps ``arctic_platform.client`` (``arctic-platform`` 0.1.4), which talks to an
-Arctic RL server (DeepSpeed training + vLLM sampling) over HTTP or Ray:
-
-=====================  ==========================================================
-RemoteBackend          Arctic client calls (HTTP endpoint)
-=====================  ==========================================================
-compute_log_prob       ``fwd_no_grad`` (POST /forward; training or log-prob job)
-update_actor           per PPO mini-batch: ``fwd_bwd`` (/forward-backward) + ``step`` (/step)
-generate               ``generate`` (/generate; text prompts, token ids back)
-update_weights         ``sync_weights`` (/wake-inference, /operation weight-sync, ...)
-save_checkpoint        ``save_checkpoint(path, step)`` (/save)
-load_checkpoint        ``load_checkpoint(path, step)`` (/load-checkpoint) + weight sync
-from_config/destroy    job creation (/initialize) and teardown (/destroy)
-=====================  ==========================================================
-
-Transport: HTTP only, through the client's blocking frontend (``ArcticRLClient``)
-on private thread pools, because its ``requests`` transport keeps the server's
-error body (the ``aiohttp`` one of the async frontend drops it, and the server's
-``detail`` belongs in our errors); the calling event loop never blocks.
-``generate`` calls get a pool (and HTTP connection pool) as large as the
-sampler's ``max_num_seqs``, so concurrent rollouts reach vLLM as one batch.
-The client's Ray transport is refused at start-up (see :mod:`.arctic.config`).
-Payload mapping is in :mod:`.arctic.payload` / :mod:`.arctic.bodies`, config in
-:mod:`.arctic.config`, the checkpoint format in :mod:`.arctic.checkpoint`.
-
-Failures: no call is retried. ``fwd_bwd`` and ``step`` change the model and
-must never be re-sent blindly, so every transport error surfaces at once as an
-:class:`~.arctic.errors.ArcticBackendError` naming the op, the server address and
-the server's detail; only the start-up ``/health`` probe (idempotent) retries,
-with capped backoff, for at most ``connect_timeout_s``. On the verl side the
-forwarder's guard (:mod:`verl.remote_backend.guard`) may re-send idempotent reads
-(log-probs, checkpoint loads) after an unreachable-server error, and probes
-:meth:`ArcticBackend.health` while calls run to detect a dead or frozen server.
-
-This module is imported only by ``RemoteBackendRegistry.get("arctic")``; it is
-the only one that imports ``arctic_platform``.
+Arctic RL (``arctic-platform`` 0.1.4) trains with DeepSpeed and samples with vLLM behind an
+HTTP server. :class:`ArcticBackend` maps verl's training, sampling, weight-sync and checkpoint
+calls onto that client; it is the only module that imports ``arctic_platform`` at import time.
+Payload mapping, request bodies, config and the checkpoint format live in :mod:`.arctic`.
 """
 
 from __future__ import annotations
@@ -89,7 +57,15 @@ _TEARDOWN_TIMEOUT_S = 30.0
 
 @RemoteBackendRegistry.register("arctic")
 class ArcticBackend(RemoteBackend):
-    """verl <-> Arctic RL server. Build with :meth:`from_config` only."""
+    """verl <-> Arctic RL server. Build with :meth:`from_config` only.
+
+    HTTP only, through the client's blocking ``ArcticRLClient`` run on private thread pools: its
+    ``requests`` transport keeps the server's error ``detail`` (the async frontend's ``aiohttp``
+    one drops it) and the event loop never blocks. No call is retried (``fwd_bwd`` and ``step``
+    change the model): a transport error surfaces at once as an ``ArcticBackendError`` naming
+    the op, the server address and the server's detail. Only the start-up ``/health`` probe
+    retries, within ``connect_timeout_s``.
+    """
 
     def __init__(
         self,
@@ -117,6 +93,7 @@ class ArcticBackend(RemoteBackend):
         self._mini_batch_rows = int(derive_ds_config(main_config, cfg, n_gpus=int(cfg.training_gpus))["train_batch_size"])
         self._tokenizer = None
         self._sampler_awake = True
+        self._wake_lock: Optional[asyncio.Lock] = None  # one wake-up for a burst of generate calls
         self._policy_version = 0
         self._log_prob_gpus = resolved_log_prob_gpus(main_config, cfg)
 
@@ -334,6 +311,7 @@ class ArcticBackend(RemoteBackend):
             params["repetition_penalty"] = float(sampling_params["repetition_penalty"])
         if sampling_params.get("seed") is not None:
             params["seed"] = int(sampling_params["seed"])  # vLLM's per-request random stream
+        await self._wake_sampler()
         results = await self._call("generate", [text], params, op="generate", concurrent=True)
         if not isinstance(results, list) or len(results) != 1:
             raise ArcticResponseError(f"Arctic generate: expected a list with 1 result, got {type(results).__name__} {results!r:.200}")
@@ -421,6 +399,9 @@ class ArcticBackend(RemoteBackend):
             raise translate_error(exc, op=op, address=self._address, timeout_s=self._timeout_s) from exc
 
     def _pool(self, concurrent: bool) -> ThreadPoolExecutor:
+        """Training/control calls share a small pool; ``generate`` gets one (and as many pooled HTTP
+        connections) as large as ``generate.max_concurrency``, by default the sampler's
+        ``max_num_seqs``, so concurrent rollouts reach vLLM as one batch."""
         if not concurrent:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(2, thread_name_prefix="arctic")
@@ -433,6 +414,18 @@ class ArcticBackend(RemoteBackend):
             self._live_client().transport.session.mount("http://", adapter)
             self._gen_executor = ThreadPoolExecutor(self._gen_concurrency, thread_name_prefix="arctic-generate")
         return self._gen_executor
+
+    async def _wake_sampler(self) -> None:
+        """Wake a sampler this instance put to sleep: a generate may follow a training call
+        without an update_weights between them (the weights have not changed)."""
+        if self._sampler_awake:
+            return
+        if self._wake_lock is None:
+            self._wake_lock = asyncio.Lock()
+        async with self._wake_lock:
+            if not self._sampler_awake:
+                await self._call("wake_inference", op="generate (waking the sampler)")
+                self._sampler_awake = True
 
     async def _sleep_sampler(self) -> None:
         """Colocated: free the sampler's GPU memory before training work (update_weights wakes it)."""

@@ -1,12 +1,9 @@
 """Token-in/token-out generation over Arctic's text-prompt ``/generate`` (no network here).
 
-Arctic RL's on-prem ``/generate`` takes *text* prompts (``GenerateRequest.prompts:
-list[str]``) and tokenizes them in its sampler, but answers with the sampler's own
-``token_ids``. verl hands us token ids, so the prompt must survive
-``ids -> decode -> the server's tokenization`` unchanged; :func:`prompt_text`
-proves that per request (same tokenizer, same ``add_special_tokens`` as the
-server) or raises :class:`PromptRoundTripError`. Completions are never
-re-tokenized.
+Arctic RL's ``/generate`` takes *text* prompts and tokenizes them itself, but answers with the
+sampler's own ``token_ids``. verl hands over token ids, so this module owns the proof that a
+prompt survives ``ids -> text -> the server's tokenization`` unchanged, and the parsing of the
+results into the contract's ``GenerateResult``. Completions are never re-tokenized.
 """
 
 from __future__ import annotations

@@ -1,34 +1,10 @@
-"""Pure tensor mapping between verl's batch layout and Arctic RL's dense layout.
+"""Pure tensor mapping between verl's batch layout and Arctic RL's dense one.
 
-No network, no Arctic import: every function here is a vectorised torch
-transform with a stated shape contract, unit-tested on its own
-(``tests/test_arctic_payload.py``). The adapter (``arctic_rl_client.py``) calls
-them; the CPU stand-in server in ``tests/arctic_standin`` uses the inverse ones.
-
-Layouts
--------
-verl (see ``verl/remote_backend/base.py``): ``input_ids`` / ``position_ids`` are
-nested-jagged tensors whose row ``i`` holds the ``L_i`` real tokens of sample
-``i``; ``T = sum(L_i)``. Dense companions: ``prompts [B, P]`` left-padded,
-``responses`` / ``response_mask [B, R]`` right-padded, ``attention_mask
-[B, P + R]`` marking the real tokens. The NJT is exactly
-``cat(prompts, responses)[attention_mask]`` (verl builds it that way with
-``unpad_input``), so the dense Arctic row is recovered by scattering the NJT
-values back to the ``attention_mask`` positions.
-
-Arctic RL: ``input_ids [B, S]`` with ``S = P + R``; prompt left-padded, response
-right-padded (the same columns as verl's ``attention_mask``). Per-token inputs to
-the loss (``old_log_probs``, ``advantages``, ``response_mask``, ``ref_log_prob``)
-are sent full-width ``[B, S]``: response token ``j`` sits in column ``P + j``
-(token-aligned) and the prompt columns are zero. The server's loss applies the
-predict-next shift itself. Outputs (``logprobs``, ``entropy``) come back
-``[B, S]`` *predict-next aligned*: column ``t`` holds ``log p(x[t + 1] | x[:t + 1])``
-for the real token in column ``t``; padding columns hold filler.
-
-The shift is therefore handled exactly once, by the server: this module never
-rolls a tensor. Going back to verl's packed layout is a mask-select plus zeroing
-the last slot of every row (it has no next token; the server's value there is
-whatever its packed buffer held).
+verl holds packed (nested-jagged) tokens with left-padded prompts and right-padded responses;
+Arctic RL takes and returns dense ``[B, P + R]`` rows with the real tokens where verl's
+``attention_mask`` marks them. This module owns those conversions, verl's mini-batch order and
+the metric renaming, as torch transforms with no network and no Arctic import, so each shape
+contract (stated on its function) is unit-tested on its own.
 """
 
 from __future__ import annotations
@@ -120,9 +96,11 @@ def njt_to_dense(
 def dense_to_packed(dense: torch.Tensor, attention_mask: torch.Tensor, *, name: str = "logprobs") -> torch.Tensor:
     """Arctic's predict-next aligned ``[B, S]`` output -> verl's packed ``[T]``.
 
-    Selects the real-token columns in row order (the order of
-    ``input_ids.values()``) and writes 0 into the last slot of every row, which
-    has no next token. No shift: slot ``t`` keeps ``log p(token[t + 1])``.
+    Column ``t`` of ``dense`` holds ``log p(x[t + 1] | x[:t + 1])`` for the real token in
+    column ``t`` (the server applied the shift); padding columns hold filler. Selects the
+    real-token columns in row order (the order of ``input_ids.values()``) and writes 0 into
+    the last slot of every row, which has no next token. No shift: slot ``t`` keeps
+    ``log p(token[t + 1])``.
 
     Returns:
         float32 ``[T]``.
@@ -170,7 +148,8 @@ def response_to_full(response: torch.Tensor, prompt_width: int, *, name: str = "
     """``[B, R]`` response-aligned tensor -> ``[B, P + R]`` with zeros over the prompt.
 
     Response token ``j`` lands in column ``P + j``, matching ``input_ids`` where the
-    prompt is left-padded to width ``P``.
+    prompt is left-padded to width ``P``. This is how per-token loss inputs go to Arctic
+    (token-aligned; the server's loss applies the predict-next shift itself).
     """
     if response.dim() != 2:
         raise PayloadError(f"{name}: expected [B, R], got shape {tuple(response.shape)}")
