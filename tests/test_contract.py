@@ -88,6 +88,13 @@ def test_single_forwarder_is_asked_on_the_class_and_a_legacy_instance_method_sti
     with pytest.warns(DeprecationWarning, match="declare it a @classmethod"):
         assert requires_single_forwarder(Legacy) is False
 
+    class StateDependent(_Complete):
+        def requires_single_forwarder(self):
+            return self._engine.is_sharded()  # state that exists only after from_config
+
+    with pytest.warns(DeprecationWarning), pytest.raises(TypeError, match="declare it a @classmethod returning a constant"):
+        requires_single_forwarder(StateDependent)
+
 
 def test_destroy_has_one_calling_convention_and_a_legacy_sync_destroy_still_runs():
     import asyncio

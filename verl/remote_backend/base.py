@@ -223,7 +223,13 @@ def requires_single_forwarder(backend_cls: type[RemoteBackend]) -> bool:
         DeprecationWarning,
         stacklevel=2,
     )
-    return bool(backend_cls.requires_single_forwarder(object.__new__(backend_cls)))
+    try:
+        return bool(backend_cls.requires_single_forwarder(object.__new__(backend_cls)))
+    except Exception as exc:  # the old form read instance state that does not exist yet
+        raise TypeError(
+            f"{backend_cls.__name__}.requires_single_forwarder() cannot be asked before the engine exists "
+            f"({type(exc).__name__}: {exc}); declare it a @classmethod returning a constant"
+        ) from None
 
 
 async def destroy_backend(backend: RemoteBackend) -> None:

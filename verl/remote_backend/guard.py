@@ -49,7 +49,7 @@ def _short(exc: BaseException) -> str:
 
 
 class BackendGuard:
-    """Wraps one backend client (see module docstring for the contract).
+    """Wraps one backend client; every call of the forwarder or rollout server goes through it.
 
     Args:
         backend: the (re-attached) backend client.
@@ -81,7 +81,13 @@ class BackendGuard:
 
     # ------------------------------------------------------------ calls
     async def call(self, op: str, factory: Callable[[], Awaitable[T]]) -> T:
-        """Run ``await factory()`` as backend op ``op`` under the guard's rules."""
+        """``await factory()`` as backend op ``op``: returns its result, or raises within the op's
+        limit (``remote_backend.timeouts.<op>``) plus at most one health probe.
+
+        A backend found dead (a Ray actor-death error, a failed call followed by a failed probe,
+        or ``liveness.failures`` failed probes while calls run) fails this and every later call
+        with :class:`BackendDiedError` at once. Only idempotent ops are re-sent, after transport
+        errors, with backoff (``is_retryable``); the backend's own input errors pass through."""
         delays = self.settings.retry.delays(self._rng)
         while True:
             if self._dead is not None:
