@@ -6,12 +6,8 @@ Backends (and their heavy dependencies) are imported on first
 """
 
 from verl.remote_backend.base import BackendDevice, RemoteBackend, supports_resume
-from verl.remote_backend.registry import (
-    ENTRY_POINT_GROUP,
-    BackendImportError,
-    RemoteBackendRegistry,
-    UnknownBackendError,
-)
+from verl.remote_backend.errors import BackendImportError, UnknownBackendError
+from verl.remote_backend.registry import ENTRY_POINT_GROUP, RemoteBackendRegistry
 
 __all__ = [
     "RemoteBackend",

@@ -12,14 +12,12 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Iterable, Optional
 
+from verl.remote_backend.errors import DataFileError
+
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-__all__ = ["DataFileError", "check_data_files"]
-
-
-class DataFileError(ValueError):
-    """A train/val data file cannot feed the run; the message names the file, the rows and the fix."""
+__all__ = ["check_data_files"]
 
 
 def _files(value: Any) -> list[str]:

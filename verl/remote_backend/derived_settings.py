@@ -17,12 +17,8 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from omegaconf import OmegaConf, open_dict
 
-from verl.remote_backend.validation import (
-    REMOTE_ROLLOUT_NAME,
-    RemoteBackendConfigError,
-    probe_single_forwarder,
-    backend_name,
-)
+from verl.remote_backend.errors import ConfigError
+from verl.remote_backend.validation import REMOTE_ROLLOUT_NAME, backend_name, probe_single_forwarder
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -66,7 +62,7 @@ def derive_remote_settings(config: "DictConfig", explicit: Optional[Collection[s
     Nothing happens when ``trainer.remote_backend`` is null.
 
     Raises:
-        RemoteBackendConfigError: an explicit value the remote path cannot honour.
+        ConfigError: an explicit value the remote path cannot honour.
     """
     name = backend_name(config)
     if name is None:
@@ -79,7 +75,7 @@ def derive_remote_settings(config: "DictConfig", explicit: Optional[Collection[s
         if current == value:
             return
         if key in explicit and current in refuse_explicit:
-            raise RemoteBackendConfigError(
+            raise ConfigError(
                 f"{key}={current!r} was set explicitly, but with trainer.remote_backend={name} {reason}. "
                 f"Fix: drop {key} from the command line (it is set to {value!r} for you)"
             )

@@ -9,7 +9,7 @@ capabilities a backend may implement, detected by name:
   does not. Enables the watchdog (probes while calls are in flight) and the
   death diagnosis after a failed call.
 * ``log_location() -> str`` - where the engine's logs are, quoted in
-  :class:`~verl.remote_backend.reliability.BackendDiedError`.
+  :class:`~verl.remote_backend.errors.BackendDiedError`.
 
 Contract of :meth:`BackendGuard.call`:
 
@@ -34,11 +34,8 @@ import random
 import threading
 from typing import Any, Awaitable, Callable, Optional, TypeVar
 
+from verl.remote_backend.errors import BackendDiedError, BackendStoppedError, BackendTimeoutError
 from verl.remote_backend.reliability import (
-    BackendDiedError,
-    BackendError,
-    BackendStoppedError,
-    BackendTimeoutError,
     ReliabilitySettings,
     is_death_error,
     is_retryable,
@@ -120,8 +117,8 @@ class BackendGuard:
                 raise self._died(op, f"it was found dead earlier ({self._dead.args[0][:_CAUSE_CHARS]})")
             try:
                 return await self._once(op, factory)
-            except (BackendError, asyncio.CancelledError):
-                raise
+            except (BackendTimeoutError, BackendDiedError, asyncio.CancelledError):
+                raise  # the guard's own verdicts (an adapter's BackendError is retried or diagnosed like any error)
             except Exception as exc:
                 if is_retryable(op, exc):
                     delay = next(delays, None)

@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 import torch
 
-from verl.remote_backend.reliability import BackendOutputError
+from verl.remote_backend.errors import BackendOutputError
 
 __all__ = ["check_log_prob_output", "check_update_output", "check_token_ids", "check_finite_floats"]
 

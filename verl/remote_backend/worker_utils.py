@@ -9,15 +9,12 @@ directly:
 * :func:`normalise_metrics` - backend metrics into verl's ``Metric`` form.
 * :func:`resolve_peak_flops` / :func:`compute_mfu` - MFU against the backend's
   accelerators, with the model FLOPs from verl's ``FlopsCounter``.
-* :func:`parse_global_step`, :func:`checkpoints_to_prune` - checkpoint paths.
 * :class:`StepTiming` - wall vs backend-reported compute seconds of a step's calls.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
@@ -33,8 +30,6 @@ __all__ = [
     "aggregation_for",
     "resolve_peak_flops",
     "compute_mfu",
-    "parse_global_step",
-    "checkpoints_to_prune",
     "StepTiming",
     "remote_overhead_metrics",
 ]
@@ -199,29 +194,6 @@ def compute_mfu(
     achieved_tflops, _local_peak = flops_counter.estimate_flops(seqlens, seconds)
     mfu = float(achieved_tflops) * 1e12 / (peak * device.count)
     return mfu / 3.0 if forward_only else mfu
-
-
-# ---------------------------------------------------------------- checkpoints
-_STEP_RE = re.compile(r"global_step_(\d+)")
-
-
-def parse_global_step(path: str) -> Optional[int]:
-    """The ``N`` of the last ``global_step_N`` component of ``path``, else ``None``."""
-    found = _STEP_RE.findall(str(path))
-    return int(found[-1]) if found else None
-
-
-def checkpoints_to_prune(saved: Sequence[str], max_keep: Optional[int], *, protect: Optional[str] = None) -> list[str]:
-    """Oldest entries of ``saved`` (oldest first) beyond the newest ``max_keep``.
-
-    ``None`` or a value <= 0 keeps everything, as in verl's checkpoint managers.
-    ``protect`` (the checkpoint verl's tracker names) is never pruned, so a crash
-    between saving a new checkpoint and verl confirming it leaves one to resume from.
-    """
-    if max_keep is None or max_keep <= 0 or len(saved) <= max_keep:
-        return []
-    keep = None if protect is None else os.path.normpath(os.path.abspath(protect))
-    return [p for p in saved[: len(saved) - max_keep] if keep is None or os.path.normpath(os.path.abspath(p)) != keep]
 
 
 # ---------------------------------------------------------------- timing

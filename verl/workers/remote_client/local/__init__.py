@@ -7,6 +7,6 @@ sampling), :mod:`.checkpoint` (atomic checkpoints), :mod:`.engine`
 The client is :mod:`verl.workers.remote_client.local_backend`.
 """
 
-from .config import ConfigError, EngineSettings, LocalBackendConfig
+from .config import EngineSettings, LocalBackendConfig
 
-__all__ = ["ConfigError", "EngineSettings", "LocalBackendConfig"]
+__all__ = ["EngineSettings", "LocalBackendConfig"]
