@@ -9,7 +9,7 @@ from typing import Optional
 import pytest
 from omegaconf import OmegaConf
 
-from verl.remote_backend.errors import BackendError, BackendOutputError, BackendTransportError, ConfigError, DataFileError
+from verl.remote_backend.errors import BackendError, BackendOutputError, BackendTransportError, ConfigError
 from verl.remote_backend.settings import block, build_settings, load_settings, select, setting
 
 
@@ -80,7 +80,7 @@ def test_one_error_hierarchy():
         ArcticUnreachableError,
     )
 
-    assert issubclass(ConfigError, ValueError) and issubclass(DataFileError, ConfigError)
+    assert issubclass(ConfigError, ValueError)
     assert issubclass(ArcticBackendError, BackendError)
     assert issubclass(ArcticUnreachableError, BackendTransportError) and issubclass(ArcticUnreachableError, ConnectionError)
     assert issubclass(ArcticResponseError, BackendOutputError)

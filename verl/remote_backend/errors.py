@@ -12,7 +12,6 @@ from typing import Any, Optional
 
 __all__ = [
     "ConfigError",
-    "DataFileError",
     "UnknownBackendError",
     "BackendImportError",
     "BackendError",
@@ -38,10 +37,6 @@ class ConfigError(ValueError):
     def for_setting(cls, key: str, value: Any, problem: str, fix: str) -> "ConfigError":
         """``<key>=<value>: <problem>. Fix: <fix>`` - the one message format of a bad setting."""
         return cls(f"{key}={value!r}: {problem}. Fix: {fix}")
-
-
-class DataFileError(ConfigError):
-    """A train/val data file cannot feed the run; the message names the file, the rows and the fix."""
 
 
 class UnknownBackendError(KeyError):

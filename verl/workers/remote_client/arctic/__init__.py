@@ -5,7 +5,8 @@
 ``launcher``: starting and stopping a local Arctic RL server process.
 ``config``: the typed ``remote_backend.arctic`` config; ``derive``: settings derived from verl's config and the Arctic client config.
 ``generation``: token-id prompts over the text-only /generate (round-trip proof, result parsing).
-``errors``: error translation and response validation.
+``errors``: its error classes; ``server_http``: the health probe and transport-error translation;
+``responses``: validation of the server's answers; ``checkpoint``: its files inside verl's checkpoint.
 
 Importing this package does not import ``arctic_platform``.
 """
