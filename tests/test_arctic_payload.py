@@ -9,8 +9,8 @@ import torch
 
 from verl.workers.remote_client.arctic import bodies
 from verl.workers.remote_client.arctic.config import ArcticConfig
+from verl.workers.remote_client.arctic.errors import PayloadError
 from verl.workers.remote_client.arctic.payload import (
-    PayloadError,
     aggregate_update_metrics,
     dense_to_packed,
     full_to_response,

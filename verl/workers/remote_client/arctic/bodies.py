@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import torch
 
+from verl.workers.remote_client.arctic.errors import PayloadError
 from verl.workers.remote_client.arctic.payload import (
-    PayloadError,
     minibatch_indices,
     njt_to_dense,
     response_to_full,

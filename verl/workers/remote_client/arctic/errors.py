@@ -17,6 +17,7 @@ __all__ = [
     "ArcticServerError",
     "ArcticResponseError",
     "PromptRoundTripError",
+    "PayloadError",
 ]
 
 
@@ -53,3 +54,10 @@ class ArcticResponseError(ArcticBackendError, BackendOutputError):
 
 class PromptRoundTripError(ArcticBackendError, ValueError):
     """A token-id prompt would not reach the server unchanged through its text-only /generate."""
+
+
+class PayloadError(ArcticBackendError, ValueError):
+    """A tensor does not have the layout the Arctic mapping requires (a batch from verl, or an answer).
+
+    The message names the field, the expected shape/value and the actual one.
+    """

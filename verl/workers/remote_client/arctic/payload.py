@@ -38,9 +38,9 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 import torch
 
 from verl.remote_backend.layout import contiguous_rows, offsets_from_lengths, packed_to_padded, padded_to_packed
+from verl.workers.remote_client.arctic.errors import PayloadError
 
 __all__ = [
-    "PayloadError",
     "row_lengths",
     "njt_to_dense",
     "dense_to_packed",
@@ -53,13 +53,6 @@ __all__ = [
     "map_step_metrics",
     "aggregate_update_metrics",
 ]
-
-
-class PayloadError(ValueError):
-    """A tensor does not have the layout the Arctic mapping requires.
-
-    The message names the field, the expected shape/value and the actual one.
-    """
 
 
 def row_lengths(attention_mask: torch.Tensor) -> torch.Tensor:
