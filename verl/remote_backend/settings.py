@@ -10,6 +10,7 @@ rules that span fields. Every error is a :class:`ConfigError` naming the full do
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 from collections.abc import Mapping
 from typing import Any, Optional, TypeVar, Union
@@ -131,7 +132,7 @@ def _checked(key: str, value: Any, hint: Any, field: dataclasses.Field) -> Any:
 
 
 def _unwrap_optional(hint: Any) -> tuple[bool, Any]:
-    if typing.get_origin(hint) is Union:
+    if typing.get_origin(hint) in (Union, types.UnionType):  # Optional[X] and X | None
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         return len(args) < len(typing.get_args(hint)), (args[0] if len(args) == 1 else Any)
     return False, hint

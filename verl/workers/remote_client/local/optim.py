@@ -20,7 +20,18 @@ __all__ = ["build_optimizer_and_scheduler"]
 
 # Keys of verl's optimizer block that describe the schedule or clipping, read through
 # EngineSettings.lr_schedule / grad_clip instead.
-_NOT_OPTIMIZER_KEYS = ("grad_clip", "clip_grad", "total_training_steps", "lr_warmup_steps", "lr_warmup_steps_ratio")
+_NOT_OPTIMIZER_KEYS = (
+    "grad_clip",
+    "clip_grad",
+    "total_training_steps",
+    "lr_warmup_steps",
+    "lr_warmup_steps_ratio",
+    "lr_scheduler_type",
+    "warmup_style",
+    "min_lr_ratio",
+    "num_cycles",
+    "zero_indexed_step",
+)
 
 
 def build_optimizer_and_scheduler(model: torch.nn.Module, settings: EngineSettings) -> tuple[torch.optim.Optimizer, Any]:
