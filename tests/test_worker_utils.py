@@ -9,8 +9,8 @@ import torch
 from tensordict import TensorDict
 
 from verl.remote_backend.base import BackendDevice
-from verl.remote_backend.cpu_compat import flash_attn_fallback_installed, install_flash_attn_fallback
 from verl.remote_backend.checkpoints import checkpoints_to_prune, parse_global_step
+from verl.remote_backend.cpu_compat import flash_attn_fallback_installed, install_flash_attn_fallback
 from verl.remote_backend.worker_utils import (
     aggregation_for,
     compute_mfu,

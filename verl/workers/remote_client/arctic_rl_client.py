@@ -66,8 +66,6 @@ from verl.workers.remote_client.arctic.derive import (
 from verl.workers.remote_client.arctic.errors import ArcticResponseError
 from verl.workers.remote_client.arctic.generation import load_tokenizer, parse_result, prompt_text
 from verl.workers.remote_client.arctic.launcher import ServerProcess, launch_server
-from verl.workers.remote_client.arctic.responses import require, require_tensor
-from verl.workers.remote_client.arctic.server_http import probe_health, translate_error
 from verl.workers.remote_client.arctic.payload import (
     aggregate_update_metrics,
     dense_to_packed,
@@ -75,6 +73,8 @@ from verl.workers.remote_client.arctic.payload import (
     reduce_metric,
     token_aligned_to_predict_next,
 )
+from verl.workers.remote_client.arctic.responses import require, require_tensor
+from verl.workers.remote_client.arctic.server_http import probe_health, translate_error
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig

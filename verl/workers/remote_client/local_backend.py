@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from verl.remote_backend.base import RemoteBackend
 from verl.remote_backend.batch_ref import BatchRef
+from verl.remote_backend.errors import BackendClosedError, ConfigError
 from verl.remote_backend.failure_report import ray_log_dir
 from verl.remote_backend.registry import RemoteBackendRegistry
-from verl.remote_backend.errors import BackendClosedError, ConfigError
 from verl.remote_backend.settings import load_settings, select
 from verl.remote_backend.wire import to_wire
 
