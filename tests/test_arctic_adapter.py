@@ -132,7 +132,7 @@ def test_log_prob_parity_with_local(env, ref):
 def test_update_with_mini_batches_other_than_the_jobs_is_refused_naming_the_keys(env):
     """DeepSpeed's job was created for ppo_mini_batch_size x rollout.n rows per step; other sizes would be split
     into the wrong micro-batches on the server, so the adapter refuses them before sending anything."""
-    from verl.workers.remote_client.arctic.config import ConfigError
+    from verl.remote_backend.errors import ConfigError
 
     data = batch(env, seed=1)
     tu.assign_non_tensor(data, mini_batch_size=2, epochs=1, seed=5, dataloader_kwargs={"shuffle": False})
@@ -189,7 +189,7 @@ def test_checkpoint_save_and_load_restore_weights(env):
 def test_resume_the_server_cannot_satisfy_fails_instead_of_training_from_scratch(env, tmp_path):
     """Arctic answers /load-checkpoint with HTTP 200 and global_step 0 when DeepSpeed finds nothing;
     the adapter turns that into ResumeCheckpointError, and the driver-side check names the missing file."""
-    from verl.remote_backend.reliability import ResumeCheckpointError
+    from verl.remote_backend.errors import ResumeCheckpointError
 
     empty_actor_dir = str(tmp_path / "global_step_7" / "actor")
     os.makedirs(empty_actor_dir)

@@ -188,7 +188,7 @@ def test_settings_arctic_computes_differently_are_refused_and_really_differ(serv
     ``strict_loss_check=false``, the update really is not verl's."""
     from transformers import AutoTokenizer
 
-    from verl.workers.remote_client.arctic.config import ConfigError
+    from verl.remote_backend.errors import ConfigError
     from verl.workers.remote_client.arctic_rl_client import ArcticBackend
 
     cfg = _config(server, "refused", overrides + ["remote_backend.arctic.micro_batch_size=2"])

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from verl.remote_backend.reliability import BackendClosedError
+from verl.remote_backend.errors import BackendClosedError
 
 from local_backend_helpers import (
     engine_info,
@@ -186,7 +186,7 @@ def test_engine_start_failure_surfaces_the_engine_error(ray_session, tiny_model_
 
     from omegaconf import OmegaConf
 
-    from verl.workers.remote_client.local.config import ConfigError
+    from verl.remote_backend.errors import ConfigError
     from verl.workers.remote_client.local_backend import LocalBackend
 
     broken = tmp_path / "broken"

@@ -19,7 +19,7 @@ import torch
 from faults.backends import ScriptedBackend
 from faults.conftest import bounded
 from remote_e2e import compose
-from verl.remote_backend.reliability import BackendDiedError, BackendOutputError, BackendTimeoutError
+from verl.remote_backend.errors import BackendDiedError, BackendOutputError, BackendTimeoutError
 from verl.utils import tensordict_utils as tu
 
 NAME = "fault-scripted"
@@ -257,8 +257,8 @@ def test_bad_input_is_refused_before_ray_starts(fault, model_dir, tmp_path, case
     from remote_e2e import build_gsm8k, small_ci_overrides
     from verl.remote_backend.failure_report import failure_report
     from verl.remote_backend.main_ppo import run
-    from verl.remote_backend.reliability import ResumeCheckpointError
-    from verl.remote_backend.validation import RemoteBackendConfigError
+    from verl.remote_backend.errors import ResumeCheckpointError
+    from verl.remote_backend.errors import ConfigError
 
     if case.startswith("local engine on cuda") and torch.cuda.device_count() > 0:
         pytest.skip("this machine has a GPU")
@@ -268,7 +268,7 @@ def test_bad_input_is_refused_before_ray_starts(fault, model_dir, tmp_path, case
     keys = {c.split("=", 1)[0] for c in changes}
     overrides = [o for o in base if o.split("=", 1)[0] not in keys] + changes
     assert not ray.is_initialized()
-    error = ResumeCheckpointError if case.startswith("resume") else RemoteBackendConfigError
+    error = ResumeCheckpointError if case.startswith("resume") else ConfigError
     with fault.expect(error, match=BAD_INPUT_EXPECTED[case], within_s=15) as outcome:
         run(compose(overrides))
     assert not ray.is_initialized(), "refused after Ray started"

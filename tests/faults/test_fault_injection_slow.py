@@ -32,7 +32,7 @@ from faults.conftest import bounded
 from local_backend_helpers import dense_rollout_batch, engine_info, random_rollouts, to_no_padding
 from remote_e2e import TESTS_DIR, _tree, build_gsm8k, build_model, compose, small_ci_overrides
 from verl.remote_backend.reaper import is_running
-from verl.remote_backend.reliability import BackendDiedError, BackendOutputError, ResumeCheckpointError
+from verl.remote_backend.errors import BackendDiedError, BackendOutputError, ResumeCheckpointError
 
 pytestmark = pytest.mark.slow
 

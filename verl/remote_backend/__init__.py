@@ -5,12 +5,8 @@ Importing this package is cheap: the contract, its result types and the registry
 """
 
 from verl.remote_backend.base import RemoteBackend, supports_resume
-from verl.remote_backend.registry import (
-    ENTRY_POINT_GROUP,
-    BackendImportError,
-    RemoteBackendRegistry,
-    UnknownBackendError,
-)
+from verl.remote_backend.errors import BackendImportError, UnknownBackendError
+from verl.remote_backend.registry import ENTRY_POINT_GROUP, RemoteBackendRegistry
 from verl.remote_backend.results import BackendDevice, GenerateResult, LogProbResult, UpdateResult
 
 __all__ = [

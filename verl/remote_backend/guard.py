@@ -18,11 +18,8 @@ import threading
 from typing import Any, Awaitable, Callable, Optional, TypeVar
 
 from verl.remote_backend.base import log_location, supports_health
+from verl.remote_backend.errors import BackendDiedError, BackendStoppedError, BackendTimeoutError
 from verl.remote_backend.reliability import (
-    BackendDiedError,
-    BackendError,
-    BackendStoppedError,
-    BackendTimeoutError,
     ReliabilitySettings,
     is_death_error,
     is_retryable,
@@ -94,8 +91,8 @@ class BackendGuard:
                 raise self._died(op, f"it was found dead earlier ({self._dead.args[0][:_CAUSE_CHARS]})")
             try:
                 return await self._once(op, factory)
-            except (BackendError, asyncio.CancelledError):
-                raise
+            except (BackendTimeoutError, BackendDiedError, asyncio.CancelledError):
+                raise  # the guard's own verdicts (an adapter's BackendError is retried or diagnosed like any error)
             except Exception as exc:
                 if is_retryable(op, exc):
                     delay = next(delays, None)

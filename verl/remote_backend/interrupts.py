@@ -18,9 +18,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from verl.remote_backend.errors import RunInterruptedError
+
 __all__ = [
     "EXIT_CODE_INTERRUPTED",
-    "RunInterruptedError",
     "RunnerLauncher",
     "interrupt_report",
     "raise_if_interrupted",
@@ -30,22 +31,6 @@ __all__ = [
 
 #: The shell's code for "ended by SIGINT" (128 + 2).
 EXIT_CODE_INTERRUPTED = 130
-
-
-class RunInterruptedError(Exception):
-    """The run was interrupted (Ctrl-C) and torn down; raised by the task runner.
-
-    Attributes: ``step`` - the last step that finished (``None`` before training started);
-    ``backend_destroyed`` - whether the backend's teardown completed.
-    """
-
-    def __init__(self, step: Optional[int] = None, backend_destroyed: bool = False) -> None:
-        super().__init__(f"interrupted after step {step}; backend destroyed: {backend_destroyed}")
-        self.step = step
-        self.backend_destroyed = backend_destroyed
-
-    def __reduce__(self):  # keep the attributes across Ray's pickling
-        return (type(self), (self.step, self.backend_destroyed))
 
 
 @contextlib.contextmanager

@@ -18,12 +18,8 @@ import hydra
 
 from verl.remote_backend.derived_settings import derive_remote_settings, describe, explicit_override_keys
 from verl.remote_backend.failure_report import failure_report, root_cause
-from verl.remote_backend.interrupts import (
-    EXIT_CODE_INTERRUPTED,
-    RunInterruptedError,
-    RunnerLauncher,
-    interrupt_report,
-)
+from verl.remote_backend.errors import RunInterruptedError
+from verl.remote_backend.interrupts import EXIT_CODE_INTERRUPTED, RunnerLauncher, interrupt_report
 from verl.remote_backend.reaper import start_reaper
 from verl.remote_backend.validation import backend_name, required_ray_cpus, validate_remote_backend_config
 

@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from verl.remote_backend.reliability import BackendOutputError
+from verl.remote_backend.errors import BackendOutputError
 from verl.remote_backend.results import LogProbResult, UpdateResult
 
 __all__ = ["check_log_prob_output", "check_update_output", "check_token_ids", "check_finite_floats"]

@@ -15,27 +15,17 @@ import threading
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from verl.remote_backend.base import RemoteBackend
+from verl.remote_backend.errors import BackendImportError, UnknownBackendError
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-__all__ = ["RemoteBackendRegistry", "UnknownBackendError", "BackendImportError", "ENTRY_POINT_GROUP"]
+__all__ = ["RemoteBackendRegistry", "ENTRY_POINT_GROUP"]
 
 ENTRY_POINT_GROUP = "verl.remote_backends"
 _EXTERNAL_MODULES_ENV = "VERL_USE_EXTERNAL_MODULES"
 
 B = TypeVar("B", bound=type[RemoteBackend])
-
-
-class UnknownBackendError(KeyError):
-    """No backend is registered under the requested name."""
-
-    def __str__(self) -> str:  # KeyError would repr() the message
-        return str(self.args[0])
-
-
-class BackendImportError(ImportError):
-    """The module that provides a backend could not be imported."""
 
 
 class RemoteBackendRegistry:

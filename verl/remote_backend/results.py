@@ -15,7 +15,7 @@ from typing import Any, Literal, Optional, Union
 
 import torch
 
-from verl.remote_backend.reliability import BackendOutputError
+from verl.remote_backend.errors import BackendOutputError
 
 __all__ = [
     "BackendDevice",

@@ -20,9 +20,11 @@ import ray
 from verl.remote_backend.base import RemoteBackend, destroy_backend
 from verl.remote_backend.cpu_compat import install_flash_attn_fallback
 from verl.remote_backend.guard import run_with_timeout
-from verl.remote_backend.interrupts import RunInterruptedError, raise_if_interrupted
+from verl.remote_backend.errors import RunInterruptedError
+from verl.remote_backend.interrupts import raise_if_interrupted
 from verl.remote_backend.registry import RemoteBackendRegistry
-from verl.remote_backend.reliability import BackendTimeoutError, ReliabilitySettings
+from verl.remote_backend.errors import BackendTimeoutError
+from verl.remote_backend.reliability import ReliabilitySettings
 from verl.remote_backend.validation import (
     RemoteRunPlan,
     validate_remote_backend_config,

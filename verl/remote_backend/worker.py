@@ -24,10 +24,11 @@ from verl.remote_backend.batch_ref import BatchRef
 from verl.remote_backend.checkpoints import checkpoints_to_prune, parse_global_step, protected_checkpoint, resume_failure
 from verl.remote_backend.cpu_compat import install_flash_attn_fallback
 from verl.remote_backend.dispatch import make_forwarder_dispatch_fn
+from verl.remote_backend.errors import BackendDiedError, BackendOutputError, BackendTimeoutError, ResumeCheckpointError
 from verl.remote_backend.guard import BackendGuard
 from verl.remote_backend.output_checks import check_log_prob_output, check_update_output
 from verl.remote_backend.registry import RemoteBackendRegistry
-from verl.remote_backend.reliability import BackendError, BackendOutputError, ReliabilitySettings
+from verl.remote_backend.reliability import ReliabilitySettings
 from verl.remote_backend.layout import packed_to_nested, sequence_lengths
 from verl.remote_backend.metrics import normalise_metrics
 from verl.remote_backend.mfu import compute_mfu
@@ -268,9 +269,9 @@ class RemoteBackendWorker(Worker):
             raise ValueError(f"Checkpoint path {local_path!r} has no global_step_<N> component")
         try:
             await self._call("load_checkpoint", lambda: backend.load_checkpoint(local_path, step))
-        except BackendError as exc:
-            if not isinstance(exc, BackendOutputError):
-                raise  # timeouts and deaths say so themselves
+        except (BackendTimeoutError, BackendDiedError, ResumeCheckpointError):
+            raise  # timeouts, deaths and the backend's own resume verdict say so themselves
+        except BackendOutputError as exc:
             raise resume_failure(os.path.dirname(os.path.abspath(local_path)), str(exc)) from exc
         except (RuntimeError, ValueError, OSError) as exc:  # the backend refused the checkpoint
             raise resume_failure(os.path.dirname(os.path.abspath(local_path)), f"{type(exc).__name__}: {exc}") from exc

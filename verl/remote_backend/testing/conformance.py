@@ -30,7 +30,8 @@ from verl.remote_backend.base import (
 )
 from verl.remote_backend.output_checks import check_log_prob_output
 from verl.remote_backend.registry import RemoteBackendRegistry
-from verl.remote_backend.reliability import BackendClosedError, is_retryable
+from verl.remote_backend.errors import BackendClosedError
+from verl.remote_backend.reliability import is_retryable
 from verl.remote_backend.results import GenerateResult, LogProbResult, UpdateResult
 from verl.remote_backend.testing.batches import dense_rollout_batch, to_no_padding
 
@@ -609,7 +610,7 @@ class _Kit:
             raise CheckFailed(f"{op} with {what} did not answer within {self.opt.call_timeout_s:g}s") from None
         except Exception as exc:  # noqa: BLE001 - the measured value
             try:
-                back = pickle.loads(pickle.dumps(exc))
+                back = _through_ray(exc)
             except Exception as pickling:  # noqa: BLE001
                 raise CheckFailed(f"{op} with {what} raised {type(exc).__name__}, which does not survive pickling "
                                   f"({type(pickling).__name__}: {_first_line(pickling)})") from None  # fmt: skip
@@ -709,6 +710,13 @@ _attached_destroy_twice = _LazyRemote(_attached_destroy_twice_body)
 
 
 # ------------------------------------------------------------------------------ helpers
+def _through_ray(obj: Any) -> Any:
+    """``obj`` after a round trip through Ray's object store (how an error reaches the trainer)."""
+    import ray
+
+    return ray.get(ray.put(obj))
+
+
 async def _awaited(awaitable: Awaitable[Any]) -> Any:
     return await awaitable
 

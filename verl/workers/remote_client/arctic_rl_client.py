@@ -19,10 +19,11 @@ import arctic_platform.client as arctic_client  # noqa: F401  (fails early with 
 from verl.remote_backend.base import RemoteBackend
 from verl.remote_backend.results import BackendDevice, GenerateResult, LogProbResult, UpdateResult
 from verl.remote_backend.registry import RemoteBackendRegistry
-from verl.remote_backend.reliability import BackendClosedError, ResumeCheckpointError
+from verl.remote_backend.errors import BackendClosedError, ConfigError, ResumeCheckpointError
+from verl.remote_backend.settings import select
 from verl.workers.remote_client.arctic import bodies
 from verl.workers.remote_client.arctic import checkpoint as arctic_checkpoint
-from verl.workers.remote_client.arctic.config import ArcticConfig, ConfigError, load_arctic_config
+from verl.workers.remote_client.arctic.config import ArcticConfig, load_arctic_config
 from verl.workers.remote_client.arctic.derive import (
     build_client_config,
     check_loss_compatibility,
@@ -31,17 +32,13 @@ from verl.workers.remote_client.arctic.derive import (
     optimizer_steps_per_global_step,
     resolved_log_prob_gpus,
 )
-from verl.workers.remote_client.arctic.errors import ArcticResponseError, probe_health, require, require_tensor, translate_error
-from verl.workers.remote_client.arctic.generation import get_path as _get
+from verl.workers.remote_client.arctic.errors import ArcticResponseError
 from verl.workers.remote_client.arctic.generation import load_tokenizer, parse_result, prompt_text
 from verl.workers.remote_client.arctic.launcher import ServerProcess, launch_server
-from verl.workers.remote_client.arctic.payload import (
-    aggregate_update_metrics,
-    dense_to_packed,
-    map_step_metrics,
-    reduce_metric,
-    token_aligned_to_predict_next,
-)
+from verl.workers.remote_client.arctic.metrics import aggregate_update_metrics, map_step_metrics, reduce_metric
+from verl.workers.remote_client.arctic.payload import dense_to_packed, token_aligned_to_predict_next
+from verl.workers.remote_client.arctic.responses import require, require_tensor
+from verl.workers.remote_client.arctic.server_http import probe_health, translate_error
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -237,7 +234,7 @@ class ArcticBackend(RemoteBackend):
     ) -> UpdateResult:
         """verl's PPO loop on Arctic: one ``fwd_bwd`` + ``step`` per mini-batch, epochs x mini-batches."""
         op = "update_actor"
-        get = functools.partial(_get, actor_config)
+        get = functools.partial(select, actor_config)
         mini = bodies.non_tensor(data, "mini_batch_size", None) or int(get("ppo_mini_batch_size", 1)) * int(rollout_n)
         epochs = int(bodies.non_tensor(data, "epochs", None) or get("ppo_epochs", 1))
         seed = bodies.non_tensor(data, "seed", None)
@@ -436,7 +433,7 @@ class ArcticBackend(RemoteBackend):
     def _meta(self, data: "TensorDict", rollout_n: int, temperature: float, entropy: bool, pad_token_id: int) -> dict:
         prompts, mask = data["prompts"], data["attention_mask"]
         response_width = mask.shape[1] - prompts.shape[1]
-        zorro_width = int(_get(self._main, "data.max_response_length", response_width))
+        zorro_width = int(select(self._main, "data.max_response_length", response_width))
         if self.cfg.zorro.train and response_width != zorro_width:
             # ZoRRo's model was built for response_len = data.max_response_length (derive_ds_worker_config)
             raise ConfigError(
@@ -452,7 +449,7 @@ class ArcticBackend(RemoteBackend):
             pad_token_id=pad_token_id,
             max_prompt_len=prompts.shape[1],
             max_response_len=mask.shape[1] - prompts.shape[1],
-            max_token_len_per_gpu=int(_get(self._main, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", 16384)),
+            max_token_len_per_gpu=int(select(self._main, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", 16384)),
         )
 
     def _packed(self, out: dict, key: str, mask: Any, op: str) -> Any:

@@ -14,12 +14,14 @@ from typing import TYPE_CHECKING, Any, Optional
 from verl.remote_backend.base import RemoteBackend
 from verl.remote_backend.results import BackendDevice, GenerateResult, LogProbResult, UpdateResult
 from verl.remote_backend.batch_ref import BatchRef
+from verl.remote_backend.errors import BackendClosedError, ConfigError
 from verl.remote_backend.failure_report import ray_log_dir
 from verl.remote_backend.registry import RemoteBackendRegistry
-from verl.remote_backend.reliability import BackendClosedError
+from verl.remote_backend.settings import load_settings, select
 from verl.remote_backend.wire import to_wire
 
-from .local.config import ConfigError, EngineSettings, LocalBackendConfig
+from .local import checkpoint as local_checkpoint
+from .local.config import CONFIG_KEY, EngineSettings, LocalBackendConfig
 from .local.transport import outputs_to_torch
 
 if TYPE_CHECKING:
@@ -63,13 +65,9 @@ class LocalBackend(RemoteBackend):
         Raises:
             ConfigError: naming the key, the value and the fix.
         """
-        from omegaconf import OmegaConf
-
-        block = OmegaConf.select(main_config, "remote_backend.local", default=None)
-        raw = OmegaConf.to_container(block, resolve=True) if block is not None else None
-        if LocalBackendConfig.from_mapping(raw).device != "cuda":  # the model path is the engine's to check
+        if load_settings(LocalBackendConfig, main_config, CONFIG_KEY).device != "cuda":  # the model path is the engine's to check
             return
-        if OmegaConf.select(main_config, "ray_kwargs.ray_init.address", default=None):
+        if select(main_config, "ray_kwargs.ray_init.address"):
             return
         import torch
 
@@ -79,6 +77,11 @@ class LocalBackend(RemoteBackend):
                 "is 0) and the run starts its own Ray cluster here, so the engine would wait for a GPU that never "
                 "comes. Fix: set remote_backend.local.device=cpu, or run where a GPU is visible (CUDA_VISIBLE_DEVICES)"
             )
+
+    @classmethod
+    def checkpoint_problem(cls, actor_dir: str, step: Optional[int]) -> Optional[str]:
+        """Resume validation (optional capability): does ``actor_dir`` match its manifest, file by file?"""
+        return local_checkpoint.checkpoint_problem(actor_dir, step)
 
     @classmethod
     def from_config(cls, main_config: "DictConfig", *, handle: Optional[dict[str, Any]] = None) -> "LocalBackend":

@@ -10,26 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from verl.workers.remote_client.arctic.errors import ArcticResponseError, PromptRoundTripError, require
 from verl.remote_backend.results import GenerateResult
+from verl.remote_backend.settings import select
+from verl.workers.remote_client.arctic.errors import ArcticResponseError, PromptRoundTripError
+from verl.workers.remote_client.arctic.responses import require
 
-__all__ = ["get_path", "load_tokenizer", "prompt_text", "parse_result"]
-
-
-def get_path(cfg: Any, path: str, default: Any = None) -> Any:
-    """Dotted lookup on an OmegaConf node, a verl config dataclass or a dict (``default`` when absent/None)."""
-    node = cfg
-    for part in path.split("."):
-        if node is None:
-            return default
-        if isinstance(node, dict) or hasattr(node, "keys") and not hasattr(node, part):
-            try:
-                node = node.get(part, None)
-            except Exception:
-                node = None
-        else:
-            node = getattr(node, part, None)
-    return default if node is None else node
+__all__ = ["load_tokenizer", "prompt_text", "parse_result"]
 
 
 def load_tokenizer(main_config: Any) -> Any:
@@ -37,8 +23,8 @@ def load_tokenizer(main_config: Any) -> Any:
     from transformers import AutoTokenizer
 
     model = "actor_rollout_ref.model"
-    path = get_path(main_config, f"{model}.tokenizer_path") or get_path(main_config, f"{model}.path")
-    return AutoTokenizer.from_pretrained(path, trust_remote_code=bool(get_path(main_config, f"{model}.trust_remote_code", False)))
+    path = select(main_config, f"{model}.tokenizer_path") or select(main_config, f"{model}.path")
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=bool(select(main_config, f"{model}.trust_remote_code", False)))
 
 
 def prompt_text(tokenizer: Any, ids: list[int], *, add_special_tokens: bool) -> str:

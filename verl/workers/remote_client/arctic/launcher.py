@@ -16,7 +16,8 @@ import tempfile
 import time
 from typing import Optional, Sequence
 
-from verl.workers.remote_client.arctic.errors import ArcticUnreachableError, probe_health
+from verl.workers.remote_client.arctic.errors import ArcticUnreachableError
+from verl.workers.remote_client.arctic.server_http import probe_health
 
 __all__ = ["ServerProcess", "launch_server"]
 

@@ -6,6 +6,6 @@ can run and be checked end to end without an external server. The Ray-free engin
 trainer talks to is :mod:`verl.workers.remote_client.local_backend`.
 """
 
-from .config import ConfigError, EngineSettings, LocalBackendConfig
+from .config import EngineSettings, LocalBackendConfig
 
-__all__ = ["ConfigError", "EngineSettings", "LocalBackendConfig"]
+__all__ = ["EngineSettings", "LocalBackendConfig"]

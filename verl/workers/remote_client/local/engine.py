@@ -19,9 +19,10 @@ import torch
 from tensordict import TensorDict
 
 from verl.remote_backend.base import BackendDevice
+from verl.remote_backend.errors import ConfigError
 
 from .checkpoint import CheckpointError, get_rng_state, set_rng_state, verify_checkpoint_dir, write_checkpoint_dir
-from .config import ConfigError, EngineSettings
+from .config import EngineSettings
 from .forward import DTYPE_BY_NAME, get_input_tensors, jagged_rows, packed_forward, row_slices
 from .objective import to_actor_config, train_batch
 from .optim import build_optimizer_and_scheduler

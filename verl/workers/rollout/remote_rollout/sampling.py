@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any, Optional
 
 from verl.remote_backend.output_checks import check_finite_floats, check_token_ids
-from verl.remote_backend.reliability import BackendOutputError
+from verl.remote_backend.errors import BackendOutputError
 from verl.remote_backend.results import as_generate_result
 
 __all__ = ["cap_max_tokens", "backend_sampling_params", "check_generate_result"]
