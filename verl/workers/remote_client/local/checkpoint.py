@@ -29,6 +29,8 @@ from typing import Any, Callable, Mapping, Optional
 import numpy as np
 import torch
 
+from verl.remote_backend.errors import BackendError
+
 __all__ = [
     "CheckpointError",
     "write_checkpoint_dir",
@@ -44,8 +46,9 @@ MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint directory is missing, incomplete, corrupt or from another step."""
+class CheckpointError(BackendError):
+    """A checkpoint directory is missing, incomplete, corrupt or from another step (a
+    ``RuntimeError``, as every :class:`BackendError`)."""
 
 
 def write_checkpoint_dir(

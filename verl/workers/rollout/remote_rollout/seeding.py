@@ -22,12 +22,12 @@ MANAGER_FQN = f"{__name__}.SeededAgentLoopManager"
 
 def run_seed(config: Any) -> int:
     """The run's sampling seed: ``data.seed`` when set, else ``actor_rollout_ref.actor.data_loader_seed`` (42)."""
-    from omegaconf import OmegaConf
+    from verl.remote_backend.settings import select
 
-    seed = OmegaConf.select(config, "data.seed", default=None)
+    seed = select(config, "data.seed")
     if seed is None:
-        seed = OmegaConf.select(config, "actor_rollout_ref.actor.data_loader_seed", default=42)
-    return int(42 if seed is None else seed)
+        seed = select(config, "actor_rollout_ref.actor.data_loader_seed", 42)
+    return int(seed)
 
 
 def sample_seed(seed: int, step: Any, sample_index: Any, rollout_n: Any, validate: Any) -> int:
