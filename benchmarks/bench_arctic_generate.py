@@ -84,7 +84,7 @@ def run(
     from transformers import AutoTokenizer
 
     from verl.remote_backend.registry import RemoteBackendRegistry
-    from verl.remote_backend.tiny_model import build_tiny_model
+    from verl.remote_backend.testing.tiny_model import build_tiny_model
     from verl.workers.remote_client.arctic.launcher import launch_server
     from verl.workers.remote_client.local.actor import EngineActor
     from verl.workers.remote_client.local.config import EngineSettings, LocalBackendConfig
@@ -109,11 +109,11 @@ def run(
 
         async def adapter_pass() -> int:
             outs = await asyncio.gather(*[backend.generate(p, params) for p in prompts])
-            return sum(len(o["token_ids"]) for o in outs)
+            return sum(len(o.token_ids) for o in outs)
 
         async def direct_pass() -> int:
             outs = await asyncio.gather(*[direct.generate(p, params) for p in prompts])
-            return sum(len(o["token_ids"]) for o in outs)
+            return sum(len(o.token_ids) for o in outs)
 
         async def measure() -> tuple[float, float, int, int]:
             await backend.generate(prompts[0], {"max_tokens": 4})

@@ -26,8 +26,8 @@ Usage: ``python -m benchmarks.bench_e2e_share [--steps 5] [--hidden 256 --layers
 from __future__ import annotations
 
 import argparse
+import asyncio
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Optional
@@ -35,14 +35,13 @@ from typing import Any, Optional
 from benchmarks.common import Result, format_table
 
 TARGET = 0.10
-_TESTS_DIR = Path(__file__).resolve().parents[1] / "tests"
 
 
 def _e2e_helpers():
-    """``tests/remote_e2e.py`` (gsm8k subset, tiny model, small-CI overrides, entry-point runner)."""
-    if str(_TESTS_DIR) not in sys.path:
-        sys.path.insert(0, str(_TESTS_DIR))
-    import remote_e2e
+    """The end-to-end harness of the test suite (``tests/remote_e2e.py``: gsm8k subset, tiny
+    model, small-CI overrides, entry-point runner), imported as a package from the repository
+    root (benchmarks run as ``python -m benchmarks...`` there)."""
+    from tests import remote_e2e
 
     return remote_e2e
 
@@ -59,7 +58,7 @@ def run_grpo(
 ) -> tuple[Any, dict[str, Any]]:
     """One GRPO run through the entry point; returns (RunResult, the settings used)."""
     e2e = _e2e_helpers()
-    from verl.remote_backend.tiny_model import build_tiny_model
+    from verl.remote_backend.testing.tiny_model import build_tiny_model
 
     model = build_tiny_model(str(workdir / "model"), hidden_size=hidden, num_layers=layers)
     train, test = e2e.build_gsm8k(workdir / "data", max_train=batch_size * (steps + 1), max_test=4)
@@ -83,7 +82,6 @@ def run_grpo(
 def replica_extra_seconds(model: str, *, requests: int, max_tokens: int, repeats: int = 7) -> tuple[float, float]:
     """(through the rollout server, straight to the engine client) median seconds of ``requests``
     concurrent generate calls. Needs Ray; starts and destroys its own local backend."""
-    import asyncio
 
     import ray
 
@@ -118,7 +116,7 @@ def replica_extra_seconds(model: str, *, requests: int, max_tokens: int, repeats
         ray.kill(server)
         return times["server"], times["direct"]
     finally:
-        backend.destroy()
+        asyncio.run(backend.destroy())
 
 
 def _median(metrics: list[dict[str, Any]], key: str) -> Optional[float]:

@@ -27,6 +27,7 @@ Usage: ``python -m benchmarks.bench_forwarding [--quick]``.
 
 from __future__ import annotations
 
+import asyncio
 import argparse
 import tempfile
 from typing import Any, Sequence
@@ -90,7 +91,7 @@ def run(sizes: Sequence[tuple[int, int, int]], *, repeats: int = 7, model_dir: s
 
     from benchmarks.null_backend import NAME
     from verl.remote_backend.registry import RemoteBackendRegistry
-    from verl.remote_backend.tiny_model import build_tiny_model
+    from verl.remote_backend.testing.tiny_model import build_tiny_model
     from verl.remote_backend.wire import to_wire
     from verl.utils import tensordict_utils as tu
     from verl.workers.remote_client.local.objective import to_actor_config
@@ -174,7 +175,7 @@ def run(sizes: Sequence[tuple[int, int, int]], *, repeats: int = 7, model_dir: s
         for worker in wg.workers:  # the group has no teardown of its own
             ray.kill(worker)
     finally:
-        backend.destroy()
+        asyncio.run(backend.destroy())
     return results
 
 

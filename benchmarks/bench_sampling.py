@@ -42,7 +42,7 @@ def run(
     from omegaconf import OmegaConf
 
     from verl.remote_backend.registry import RemoteBackendRegistry
-    from verl.remote_backend.tiny_model import build_tiny_model
+    from verl.remote_backend.testing.tiny_model import build_tiny_model
 
     model = model or build_tiny_model(tempfile.mkdtemp(prefix="bench_tiny_"))
     cfg = OmegaConf.create(
@@ -58,12 +58,12 @@ def run(
 
     async def batched() -> int:
         outs = await asyncio.gather(*[backend.generate(p, params) for p in prompts])
-        return sum(len(o["token_ids"]) for o in outs)
+        return sum(len(o.token_ids) for o in outs)
 
     async def sequential() -> int:
         total = 0
         for p in prompts:
-            total += len((await backend.generate(p, params))["token_ids"])
+            total += len((await backend.generate(p, params)).token_ids)
         return total
 
     async def measure() -> list[Result]:
@@ -74,7 +74,7 @@ def run(
         t0 = time.perf_counter()
         tok_s = await sequential()
         t_s = time.perf_counter() - t0
-        info = await backend.engine_info()
+        info = await backend.reconnect_handle()["actor"].info.remote()
         speedup = (tok_b / t_b) / (tok_s / t_s)
         if verbose:
             print(f"requests={requests} max_tokens={max_tokens} temperature={temperature}")
@@ -99,7 +99,7 @@ def run(
     try:
         return asyncio.run(measure())
     finally:
-        backend.destroy()
+        asyncio.run(backend.destroy())
 
 
 def main() -> None:

@@ -54,7 +54,7 @@ def run(models: Sequence[str], *, repeats: int = 5) -> list[Result]:
     from omegaconf import OmegaConf
 
     from verl.remote_backend.registry import RemoteBackendRegistry
-    from verl.remote_backend.tiny_model import build_tiny_model
+    from verl.remote_backend.testing.tiny_model import build_tiny_model
 
     results: list[Result] = []
     for name in models:
@@ -76,7 +76,7 @@ def run(models: Sequence[str], *, repeats: int = 5) -> list[Result]:
             )
             del src, dst
         finally:
-            backend.destroy()
+            asyncio.run(backend.destroy())
         gbytes = params * 4 / 1e9
         results.append(
             Result(

@@ -41,15 +41,18 @@ def _tokens(data: Any) -> int:
     return int(data["input_ids"].values().shape[0])
 
 
+_DEVICE = {"type": "cpu", "count": 1, "peak_flops": None, "name": None}
+
+
 class NullEngineActor:
     """Stand-in for the local engine's Ray actor: same methods, zero compute.
 
-    Every data-path answer carries ``timing.compute_s`` (the seconds spent
+    Every data-path answer carries ``compute_s`` (the seconds spent
     inside the method), as a real backend reports its compute time.
     """
 
     async def info(self) -> dict[str, Any]:
-        return {"model_path": None, "device": {"type": "cpu", "count": 1, "peak_flops": None, "name": None}, "pid": os.getpid()}
+        return {"model_path": None, "device": _DEVICE, "pid": os.getpid()}
 
     async def compute_log_prob(self, data: Any, *, ref: bool, calculate_entropy: bool, temperature: float) -> dict:
         start = time.perf_counter()
@@ -57,7 +60,7 @@ class NullEngineActor:
         out = {"log_probs": torch.zeros(total)}
         if calculate_entropy:
             out["entropy"] = torch.zeros(total)
-        result = {"model_output": out, "metrics": {}, "timing": {"compute_s": time.perf_counter() - start}}
+        result = {"model_output": out, "metrics": {}, "device": _DEVICE, "compute_s": time.perf_counter() - start}
         return outputs_to_numpy(result)  # the engine actor's wire format (local/transport.py)
 
     async def update_actor(self, data: Any, *, actor_config: Any, temperature: float) -> dict:
@@ -67,7 +70,8 @@ class NullEngineActor:
             "loss": 0.0,
             "metrics": {"pg_loss": [0.0], "grad_norm": 0.0},
             "global_token_num": lengths,
-            "timing": {"compute_s": time.perf_counter() - start},
+            "device": _DEVICE,
+            "compute_s": time.perf_counter() - start,
         }
 
     async def update_weights(self) -> dict:

@@ -38,7 +38,7 @@ REQUIRED_STEP_METRICS = (
 
 def build_model(out_dir: Path) -> str:
     """The tiny Qwen2 + tokenizer (seconds on CPU)."""
-    from verl.remote_backend.tiny_model import build_tiny_model
+    from verl.remote_backend.testing.tiny_model import build_tiny_model
 
     return build_tiny_model(str(out_dir))
 
@@ -95,7 +95,8 @@ def small_ci_overrides(
     response_len: int = 16,
     save_freq: int = -1,
 ) -> list[str]:
-    """Hydra overrides for a few fast GRPO steps on CPU (DESIGN.md section 4's small-CI settings)."""
+    """Hydra overrides for a few fast GRPO steps on CPU: tiny batches and lengths, one agent-loop
+    and one reward worker, no validation, and verl's ``file`` logger on so :func:`run_entry` can read the metrics."""
     return [
         f"trainer.remote_backend={backend}",
         "trainer.use_legacy_worker_impl=disable",

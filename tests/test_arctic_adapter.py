@@ -41,7 +41,7 @@ def run(coro):
 def env(tmp_path_factory):
     import ray
 
-    from verl.remote_backend.tiny_model import build_tiny_model
+    from verl.remote_backend.testing.tiny_model import build_tiny_model
     from verl.utils.config import omega_conf_to_dataclass
 
     root = tmp_path_factory.mktemp("arctic")
@@ -81,7 +81,7 @@ def env(tmp_path_factory):
         if arctic is not None:
             run(arctic.destroy())
         if local is not None:
-            local.destroy()
+            asyncio.run(local.destroy())
         server.stop()
         if started_ray:
             ray.shutdown()
@@ -122,17 +122,17 @@ def test_log_prob_parity_with_local(env, ref):
     a = log_probs(env["arctic"], data, env, ref=ref)
     b = log_probs(env["local"], data, env, ref=ref)
     t = int(data["input_ids"].offsets()[-1])
-    assert a["model_output"]["log_probs"].shape == (t,)
+    assert a.log_probs.shape == (t,)
     for key in ("log_probs", "entropy"):
-        diff = (a["model_output"][key] - b["model_output"][key]).abs().max().item()
+        diff = (getattr(a, key) - getattr(b, key)).abs().max().item()
         assert diff <= 1e-5, f"{key}: max |arctic - local| = {diff}"
-    assert a["device"]["type"] == "cpu"
+    assert a.device.type == "cpu"
 
 
 def test_update_with_mini_batches_other_than_the_jobs_is_refused_naming_the_keys(env):
     """DeepSpeed's job was created for ppo_mini_batch_size x rollout.n rows per step; other sizes would be split
     into the wrong micro-batches on the server, so the adapter refuses them before sending anything."""
-    from verl.workers.remote_client.arctic.config import ConfigError
+    from verl.remote_backend.errors import ConfigError
 
     data = batch(env, seed=1)
     tu.assign_non_tensor(data, mini_batch_size=2, epochs=1, seed=5, dataloader_kwargs={"shuffle": False})
@@ -150,9 +150,9 @@ def test_generate_token_ids_in_and_out_match_local(env):
         ids = tok(text)["input_ids"]
         a = run(env["arctic"].generate(ids, dict(params)))
         b = run(env["local"].generate(ids, dict(params)))
-        assert a["token_ids"] == b["token_ids"] and 0 < len(a["token_ids"]) <= 6
-        assert a["log_probs"] == pytest.approx(b["log_probs"], abs=1e-5)
-        assert a["stop_reason"] == "completed"
+        assert a.token_ids == b.token_ids and 0 < len(a.token_ids) <= 6
+        assert a.log_probs == pytest.approx(b.log_probs, abs=1e-5)
+        assert a.stop_reason == "completed"
 
 
 def test_generate_fails_loudly_when_prompt_ids_do_not_survive_text(env):
@@ -176,20 +176,20 @@ def test_checkpoint_save_and_load_restore_weights(env):
     tag = open(os.path.join(path, "latest")).read().strip()
     assert tag.startswith("global_step") and os.path.isfile(os.path.join(path, tag, "mp_rank_00_model_states.pt"))
     assert type(env["arctic"]).checkpoint_problem(actor_dir, 3) is None
-    before = log_probs(env["arctic"], data, env)["model_output"]["log_probs"]
+    before = log_probs(env["arctic"], data, env).log_probs
     tu.assign_non_tensor(data, mini_batch_size=4, epochs=1, seed=0, dataloader_kwargs={"shuffle": False})
     run(env["arctic"].update_actor(data.copy(), actor_config=env["actor"], pad_token_id=env["tok"].pad_token_id, rollout_n=2, temperature=1.0))
-    moved = log_probs(env["arctic"], data, env)["model_output"]["log_probs"]
+    moved = log_probs(env["arctic"], data, env).log_probs
     assert (moved - before).abs().max() > 1e-4
     run(env["arctic"].load_checkpoint(actor_dir, 3))
-    restored = log_probs(env["arctic"], data, env)["model_output"]["log_probs"]
+    restored = log_probs(env["arctic"], data, env).log_probs
     assert torch.equal(restored, before)
 
 
 def test_resume_the_server_cannot_satisfy_fails_instead_of_training_from_scratch(env, tmp_path):
     """Arctic answers /load-checkpoint with HTTP 200 and global_step 0 when DeepSpeed finds nothing;
     the adapter turns that into ResumeCheckpointError, and the driver-side check names the missing file."""
-    from verl.remote_backend.reliability import ResumeCheckpointError
+    from verl.remote_backend.errors import ResumeCheckpointError
 
     empty_actor_dir = str(tmp_path / "global_step_7" / "actor")
     os.makedirs(empty_actor_dir)
@@ -203,7 +203,7 @@ def test_reconnect_handle_attaches_without_new_jobs_and_detaches_safely(env):
     jobs_before = requests.get(f"{env['url']}/status", timeout=10).json()["jobs"]
     other = type(env["arctic"]).from_config(env["cfg"], handle=handle)
     data = batch(env, seed=4)
-    assert torch.equal(log_probs(other, data, env)["model_output"]["log_probs"], log_probs(env["arctic"], data, env)["model_output"]["log_probs"])
+    assert torch.equal(log_probs(other, data, env).log_probs, log_probs(env["arctic"], data, env).log_probs)
     run(other.destroy())
     run(other.destroy())  # idempotent
     assert requests.get(f"{env['url']}/status", timeout=10).json()["jobs"] == jobs_before

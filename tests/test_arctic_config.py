@@ -10,7 +10,8 @@ import textwrap
 import pytest
 import yaml
 
-from verl.workers.remote_client.arctic.config import ArcticConfig, ConfigError, load_arctic_config
+from verl.remote_backend.errors import ConfigError
+from verl.workers.remote_client.arctic.config import ArcticConfig, load_arctic_config
 from verl.workers.remote_client.arctic.derive import (
     build_client_config,
     check_loss_compatibility,

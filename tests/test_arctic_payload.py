@@ -9,17 +9,11 @@ import torch
 
 from verl.workers.remote_client.arctic import bodies
 from verl.workers.remote_client.arctic.config import ArcticConfig
-from verl.workers.remote_client.arctic.payload import (
-    PayloadError,
-    aggregate_update_metrics,
-    dense_to_packed,
-    full_to_response,
-    map_step_metrics,
-    minibatch_indices,
-    njt_to_dense,
-    response_to_full,
-    to_json_safe,
-)
+from verl.workers.remote_client.arctic.errors import PayloadError
+from verl.workers.remote_client.arctic.bodies import minibatch_indices
+from verl.workers.remote_client.arctic.json_data import to_json_safe
+from verl.workers.remote_client.arctic.metrics import aggregate_update_metrics, map_step_metrics
+from verl.workers.remote_client.arctic.payload import dense_to_packed, full_to_response, njt_to_dense, response_to_full
 
 from arctic_standin.harness import make_batch
 

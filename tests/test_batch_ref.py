@@ -16,12 +16,16 @@ import torch
 from omegaconf import OmegaConf
 
 from remote_e2e import build_model, compose
-from verl.remote_backend import RemoteBackend, RemoteBackendRegistry
-from verl.remote_backend.base import accepts_batch_refs, backend_compute_seconds
+from stub_backend import StubBackend
+from verl.remote_backend import LogProbResult, RemoteBackendRegistry, UpdateResult
+from verl.remote_backend.base import accepts_batch_refs
 from verl.remote_backend.batch_ref import BatchRef, non_tensor_fields
 from verl.remote_backend.dispatch import collect_outputs, dispatch_by_reference
 from verl.remote_backend.wire import WireBatch
-from verl.remote_backend.worker_utils import StepTiming, normalise_metrics, packed_to_nested, remote_overhead_metrics
+from verl.remote_backend.layout import packed_to_nested
+from verl.remote_backend.metrics import normalise_metrics
+from verl.remote_backend.results import as_update_result
+from verl.remote_backend.step_timing import StepTiming, remote_overhead_metrics
 from verl.utils import tensordict_utils as tu
 
 COMPUTE_S = 0.125
@@ -87,22 +91,28 @@ def test_packed_outputs_do_not_share_the_input_storage():
 
 
 # ---------------------------------------------------------------- timing
-def test_backend_compute_seconds_is_optional_and_validated():
-    assert backend_compute_seconds({"metrics": {}}) is None
-    assert backend_compute_seconds({"timing": {"compute_s": 1.5}}) == 1.5
+def test_reported_compute_seconds_are_optional_and_validated():
+    assert LogProbResult(torch.zeros(2)).compute_s is None
+    assert UpdateResult({}, compute_s=1.5).compute_s == 1.5
+    for bad in (-1, "x", math.inf, True):
+        with pytest.raises(ValueError, match="compute_s"):
+            UpdateResult({}, compute_s=bad)
+    # the previous dict form: {"timing": {"compute_s": s}}, converted with a deprecation warning
+    with pytest.warns(DeprecationWarning):
+        assert as_update_result({"metrics": {}, "timing": {"compute_s": 1.5}}).compute_s == 1.5
     for bad in ({"compute_s": -1}, {"compute_s": "x"}, {"compute_s": math.inf}, {}, 3):
-        with pytest.raises(ValueError, match="timing"):
-            backend_compute_seconds({"timing": bad})
+        with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="compute_s"):
+            as_update_result({"metrics": {}, "timing": bad})
 
 
 def test_step_timing_sums_a_step_and_drops_compute_when_one_call_lacks_it():
     timing = StepTiming()
-    timing.record(0.5, {"timing": {"compute_s": 0.25}})
-    timing.record(1.0, {"timing": {"compute_s": 0.5}})
+    timing.record(0.5, 0.25)
+    timing.record(1.0, 0.5)
     assert timing.pop_metrics() == {"remote/call_s": 1.5, "remote/compute_s": 0.75}
     assert timing.pop_metrics() == {}  # reset
-    timing.record(0.5, {"timing": {"compute_s": 0.25}})
-    timing.record(0.5, {})
+    timing.record(0.5, 0.25)
+    timing.record(0.5, None)
     assert timing.pop_metrics() == {"remote/call_s": 1.0}
 
 
@@ -151,43 +161,12 @@ def test_single_rank_dispatch_sends_one_reference_without_chunking(monkeypatch):
 
 
 # ---------------------------------------------------------------- the forwarder with a BatchRef
-class _RecordingBackend(RemoteBackend):
-    """Answers at once, reports COMPUTE_S of compute, records what ``data`` it got."""
+#: answers at once, reports COMPUTE_S of compute, records what ``data`` it got
+_RecordingBackend = StubBackend.variant("RecordingBackend", COMPUTE_S=COMPUTE_S, UPDATE_LOSS=0.5)
 
-    seen: list = []
-    accepts_batch_refs = False
 
-    @classmethod
-    def from_config(cls, main_config, *, handle=None):
-        return cls()
-
-    def reconnect_handle(self):
-        return {}
-
-    def destroy(self):
-        return None
-
-    def requires_single_forwarder(self):
-        return True
-
-    async def compute_log_prob(self, data, *, ref, calculate_entropy, rollout_n, temperature, pad_token_id):
-        self.seen.append(data)
-        total = data.num_tokens if isinstance(data, BatchRef) else data["input_ids"].values().shape[0]
-        out = {"log_probs": torch.full((total,), -1.0), "entropy": torch.zeros(total)}
-        return {"model_output": out, "metrics": {}, "timing": {"compute_s": COMPUTE_S}}
-
-    async def update_actor(self, data, *, actor_config, pad_token_id, rollout_n, temperature):
-        self.seen.append(data)
-        return {"loss": 0.5, "metrics": {"pg_loss": 0.1}, "timing": {"compute_s": COMPUTE_S}}
-
-    async def generate(self, prompt_ids, sampling_params):
-        raise NotImplementedError
-
-    async def update_weights(self):
-        return None
-
-    async def save_checkpoint(self, path=None, step=None):
-        return path
+def _seen() -> list:
+    return [payload for op, payload in _RecordingBackend.calls if op in ("compute_log_prob", "update_actor")]
 
 
 @pytest.fixture(scope="module")
@@ -206,7 +185,7 @@ def forwarder(model_dir, monkeypatch):
     worker = worker_module.RemoteBackendWorker(cfg.actor_rollout_ref, role="actor_rollout")
     worker.init_model()
     worker.attach_backend(cfg, {})
-    _RecordingBackend.seen.clear()
+    _RecordingBackend.calls.clear()
     yield worker
     RemoteBackendRegistry.unregister("test-recording")
 
@@ -216,10 +195,10 @@ def test_a_backend_without_the_capability_gets_the_fetched_tensordict(forwarder)
     wire = asyncio.run(forwarder.compute_log_prob(BatchRef.describe(data, _ref_to(data))))
     assert isinstance(wire, WireBatch)  # called as the worker group does: the output is wrapped for Ray
     out = pickle.loads(pickle.dumps(wire, protocol=5))  # what the driver unpickles
-    (seen,) = _RecordingBackend.seen
+    (seen,) = _seen()
     assert not accepts_batch_refs(_RecordingBackend)
     assert not isinstance(seen, BatchRef) and "no_lora_adapter" not in seen.keys()
-    assert out["log_probs"].offsets().tolist() == [0, 5, 12] and set(out["entropy"].values().tolist()) == {0.0}
+    assert out["log_probs"].offsets().tolist() == [0, 5, 12] and out["entropy"].values().tolist() == [float(i) for i in range(12)]
 
 
 def test_a_capable_backend_gets_the_reference_and_step_timing_reaches_update_metrics(forwarder, monkeypatch):
@@ -227,7 +206,7 @@ def test_a_capable_backend_gets_the_reference_and_step_timing_reaches_update_met
     batch_ref = BatchRef.describe(_batch(), ref="never fetched")
     asyncio.run(forwarder.compute_log_prob(batch_ref))
     metrics = tu.get(asyncio.run(forwarder.update_actor(BatchRef.describe(_batch(), ref="never fetched"))), "metrics")
-    assert all(isinstance(seen, BatchRef) for seen in _RecordingBackend.seen)
+    assert all(isinstance(seen, BatchRef) for seen in _seen())
     from verl.utils.metric import reduce_metrics
 
     reduced = reduce_metrics(dict(metrics))

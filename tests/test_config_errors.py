@@ -11,14 +11,11 @@ import pytest
 import ray
 
 from remote_e2e import compose
+from stub_backend import StubBackend
 from verl.remote_backend import RemoteBackend, RemoteBackendRegistry, UnknownBackendError
 from verl.remote_backend.main_ppo import run
-from verl.remote_backend.validation import (
-    REMOTE_ROLLOUT_NAME,
-    RemoteBackendConfigError,
-    required_ray_cpus,
-    validate_remote_backend_config,
-)
+from verl.remote_backend.errors import ConfigError
+from verl.remote_backend.validation import REMOTE_ROLLOUT_NAME, required_ray_cpus, validate_remote_backend_config
 
 # The smallest valid remote-backend config; each test changes one thing.
 GOOD = [
@@ -49,7 +46,7 @@ def _with(*changes: str) -> list[str]:
     return [o for o in GOOD if o.split("=", 1)[0] not in keys] + list(changes)
 
 
-def _fails_before_workers(overrides, error=RemoteBackendConfigError):
+def _fails_before_workers(overrides, error=ConfigError):
     assert not ray.is_initialized()
     with pytest.raises(error) as info:
         run(compose(overrides))
@@ -60,7 +57,7 @@ def _fails_before_workers(overrides, error=RemoteBackendConfigError):
 def _refused_by_validation(overrides) -> str:
     """For keys the entry point derives (``derived_settings.py``): the entry point would set them, so
     call the validation the trainer also runs - what a launcher that skips the entry point meets."""
-    with pytest.raises(RemoteBackendConfigError) as info:
+    with pytest.raises(ConfigError) as info:
         validate_remote_backend_config(compose(overrides))
     assert not ray.is_initialized()
     return str(info.value)
@@ -112,7 +109,7 @@ def test_keys_the_entry_point_derives_are_still_checked_by_validation(change, se
 def test_the_entry_point_refuses_an_explicit_value_it_cannot_derive_before_ray_starts():
     assert not ray.is_initialized()
     overrides = _with("trainer.use_legacy_worker_impl=enable")
-    with pytest.raises(RemoteBackendConfigError, match=r"use_legacy_worker_impl='enable' was set explicitly"):
+    with pytest.raises(ConfigError, match=r"use_legacy_worker_impl='enable' was set explicitly"):
         run(compose(overrides), explicit_keys={"trainer.use_legacy_worker_impl"})
     assert not ray.is_initialized()
 
@@ -138,36 +135,14 @@ def test_other_unsupported_settings_name_the_setting_and_the_fix(change, setting
     assert "Fix:" in message and fix in message
 
 
-class _NoResumeBackend(RemoteBackend):
-    """Implements the nine methods only: no load_checkpoint."""
+def _never_created(cls, main_config, *, handle=None):
+    raise AssertionError("validation must fail before the backend is created")
 
-    @classmethod
-    def from_config(cls, main_config, *, handle=None):
-        raise AssertionError("validation must fail before the backend is created")
 
-    def reconnect_handle(self):
-        return {}
-
-    def destroy(self):
-        return None
-
-    def requires_single_forwarder(self):
-        return True
-
-    async def compute_log_prob(self, data, **kwargs):
-        raise NotImplementedError
-
-    async def update_actor(self, data, **kwargs):
-        raise NotImplementedError
-
-    async def generate(self, prompt_ids, sampling_params):
-        raise NotImplementedError
-
-    async def update_weights(self):
-        return None
-
-    async def save_checkpoint(self, path=None, step=None):
-        return path
+#: the nine methods only: no load_checkpoint
+_NoResumeBackend = StubBackend.variant(
+    "NoResumeBackend", load_checkpoint=RemoteBackend.load_checkpoint, from_config=classmethod(_never_created)
+)
 
 
 @pytest.fixture
@@ -214,7 +189,11 @@ def test_auto_resume_without_a_checkpoint_starts_from_scratch_even_without_load(
 
 
 def test_local_backend_resume_is_accepted(tmp_path):
+    from verl.workers.remote_client.local.checkpoint import write_checkpoint_dir
+
     _fake_checkpoint(tmp_path, 2)
+    # the local engine's own format inside actor/, which its checkpoint_problem verifies
+    write_checkpoint_dir(str(tmp_path / "global_step_2" / "actor"), 2, {"model.safetensors": lambda f: open(f, "wb").write(b"w")})
     plan = validate_remote_backend_config(
         compose(_with("trainer.resume_mode=auto", f"trainer.default_local_dir={tmp_path}"))
     )
@@ -244,7 +223,7 @@ def test_arctic_settings_its_server_cannot_honour_fail_before_ray(change, expect
 
 def test_arctic_resume_from_a_step_the_server_never_saved_fails_before_ray(tmp_path):
     """The driver checks what Arctic's server writes (DeepSpeed's checkpoint-N/latest), not the local manifest."""
-    from verl.remote_backend.reliability import ResumeCheckpointError
+    from verl.remote_backend.errors import ResumeCheckpointError
 
     pytest.importorskip("arctic_platform")
     _fake_checkpoint(tmp_path, 2)  # verl's part complete; Arctic's DeepSpeed files absent
@@ -293,7 +272,7 @@ def test_empty_prompts_are_counted_and_fail_before_ray(tmp_path):
 
 
 def test_overlong_prompts_kept_by_the_filter_setting_fail_before_ray(tmp_path):
-    from verl.remote_backend.tiny_model import build_tiny_model
+    from verl.remote_backend.testing.tiny_model import build_tiny_model
 
     model = build_tiny_model(str(tmp_path / "model"))
     rows = [{"prompt": [{"role": "user", "content": "short"}]}, {"prompt": [{"role": "user", "content": "long " * 200}]}]

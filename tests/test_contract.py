@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
+from stub_backend import StubBackend
 from verl.remote_backend import BackendDevice, RemoteBackend, supports_resume
 
 CONTRACT = (
@@ -19,34 +22,13 @@ CONTRACT = (
 )
 
 
-class _Complete(RemoteBackend):
-    @classmethod
-    def from_config(cls, main_config, *, handle=None):
-        return cls()
-
-    def reconnect_handle(self):
-        return {}
-
-    def destroy(self):
-        return None
-
-    async def compute_log_prob(self, data, *, ref, calculate_entropy, rollout_n, temperature, pad_token_id):
-        return {"model_output": {}, "metrics": {}}
-
-    async def update_actor(self, data, *, actor_config, pad_token_id, rollout_n, temperature):
-        return {"loss": 0.0, "metrics": {}, "global_token_num": []}
-
-    async def generate(self, prompt_ids, sampling_params):
-        return {"token_ids": [], "log_probs": None, "stop_reason": "completed"}
-
-    async def update_weights(self):
-        return None
-
-    async def save_checkpoint(self, path=None, step=None):
-        return None
-
-    def requires_single_forwarder(self):
-        return True
+#: the suite's stub with every optional capability back at the contract's "not supported" default
+_Complete = StubBackend.variant(
+    "_Complete",
+    load_checkpoint=RemoteBackend.load_checkpoint,
+    health=RemoteBackend.health,
+    log_location=RemoteBackend.log_location,
+)
 
 
 def test_contract_declares_exactly_the_nine_methods_as_abstract():
@@ -55,10 +37,7 @@ def test_contract_declares_exactly_the_nine_methods_as_abstract():
 
 @pytest.mark.parametrize("missing", CONTRACT)
 def test_subclass_missing_any_one_method_cannot_be_instantiated(missing):
-    namespace = {name: getattr(_Complete, name) for name in CONTRACT if name != missing}
-    # from_config is a classmethod: re-wrap the underlying function
-    if "from_config" in namespace:
-        namespace["from_config"] = classmethod(_Complete.__dict__["from_config"].__func__)
+    namespace = {name: inspect.getattr_static(_Complete, name) for name in CONTRACT if name != missing}
     partial_cls = type(f"Missing_{missing}", (RemoteBackend,), namespace)
     with pytest.raises(TypeError, match=missing):
         partial_cls()
@@ -91,5 +70,68 @@ def test_backend_device_round_trips_and_rejects_bad_reports():
     assert BackendDevice.from_dict({"type": "cpu"}) == BackendDevice(type="cpu", count=1)
     with pytest.raises(ValueError, match="count"):
         BackendDevice.from_dict({"type": "cuda", "count": 0})
+    with pytest.raises(ValueError, match="peak_flops"):
+        BackendDevice("cuda", peak_flops=float("nan"))
     with pytest.raises(ValueError, match="unknown keys"):
         BackendDevice.from_dict({"type": "cuda", "gpus": 8})
+
+
+def test_single_forwarder_is_asked_on_the_class_and_a_legacy_instance_method_still_answers():
+    from verl.remote_backend.base import requires_single_forwarder
+
+    assert requires_single_forwarder(_Complete) is True
+
+    class Legacy(_Complete):
+        def requires_single_forwarder(self):  # the previous contract's form
+            return False
+
+    with pytest.warns(DeprecationWarning, match="declare it a @classmethod"):
+        assert requires_single_forwarder(Legacy) is False
+
+    class StateDependent(_Complete):
+        def requires_single_forwarder(self):
+            return self._engine.is_sharded()  # state that exists only after from_config
+
+    with pytest.warns(DeprecationWarning), pytest.raises(TypeError, match="declare it a @classmethod returning a constant"):
+        requires_single_forwarder(StateDependent)
+
+
+def test_destroy_has_one_calling_convention_and_a_legacy_sync_destroy_still_runs():
+    import asyncio
+
+    from verl.remote_backend.base import destroy_backend
+
+    calls = []
+
+    class Async(_Complete):
+        async def destroy(self):
+            calls.append("async")
+
+    class Sync(_Complete):
+        def destroy(self):
+            calls.append("sync")
+
+    asyncio.run(destroy_backend(Async()))
+    with pytest.warns(DeprecationWarning, match="declare it `async def destroy"):
+        asyncio.run(destroy_backend(Sync()))
+    assert calls == ["async", "sync"]
+
+
+def test_optional_capabilities_are_declared_on_the_contract_and_detected_when_overridden():
+    from verl.remote_backend.base import implements, log_location, supports_health
+
+    class Live(_Complete):
+        async def health(self):
+            return None
+
+        def log_location(self):
+            return "/var/log/engine.log"
+
+        async def sleep(self):
+            return None
+
+    assert not supports_health(_Complete()) and supports_health(Live()) and supports_health(Live)
+    assert implements(Live(), "sleep") and not implements(Live(), "wake_up") and not implements(_Complete(), "sleep")
+    assert log_location(Live()) == "/var/log/engine.log"
+    assert log_location(_Complete()) == "not reported (_Complete has no log_location())"
+    assert _Complete.checkpoint_problem("/nowhere", 1) is None and _Complete.check_config({}) is None

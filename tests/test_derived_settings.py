@@ -22,7 +22,8 @@ from remote_e2e import (
     verl_grpo_gsm8k_line,
 )
 from verl.remote_backend.derived_settings import derive_remote_settings, describe, explicit_override_keys
-from verl.remote_backend.validation import RemoteBackendConfigError, validate_remote_backend_config
+from verl.remote_backend.errors import ConfigError
+from verl.remote_backend.validation import validate_remote_backend_config
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,7 @@ def verl_line(assets, backend="local", **changes) -> list[str]:
 def test_verls_grpo_line_plus_the_switch_is_derived_into_a_valid_remote_run(assets):
     line = verl_line(assets)
     config = compose(line)
-    with pytest.raises(RemoteBackendConfigError):  # as composed, verl's GPU layout cannot run remotely
+    with pytest.raises(ConfigError):  # as composed, verl's GPU layout cannot run remotely
         validate_remote_backend_config(config)
     changes = derive_remote_settings(config, explicit_override_keys(line))
     assert {(c.key, c.before, c.after) for c in changes} == {
@@ -80,7 +81,7 @@ def test_nothing_is_derived_on_verls_own_path(assets):
 def test_an_explicit_value_the_remote_path_cannot_honour_is_refused(assets, override, match):
     line = verl_line(assets, change=override)
     config = compose(line)
-    with pytest.raises(RemoteBackendConfigError, match=match) as err:
+    with pytest.raises(ConfigError, match=match) as err:
         derive_remote_settings(config, explicit_override_keys(line))
     assert "Fix: drop " + override.split("=")[0] in str(err.value)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import types
 import json
 from pathlib import Path
 
@@ -18,61 +19,27 @@ import torch
 from omegaconf import OmegaConf
 
 from remote_e2e import build_model, compose
-from verl.remote_backend import RemoteBackend, RemoteBackendRegistry
+from stub_backend import StubBackend
+from verl.remote_backend import BackendDevice, RemoteBackend, RemoteBackendRegistry
 from verl.utils import tensordict_utils as tu
 
 PEAK = 989e12  # one device, FLOP/s
 GPUS = 8
-DEVICE = {"type": "cuda", "count": GPUS, "peak_flops": PEAK, "name": "NVIDIA H100 80GB HBM3"}
+DEVICE = BackendDevice("cuda", count=GPUS, peak_flops=PEAK, name="NVIDIA H100 80GB HBM3")
 SECONDS = 2.5  # the pinned duration of every backend call
 
 
-class EightGpuBackend(RemoteBackend):
-    """Answers instantly with fixed values, reports an 8-GPU device, records checkpoint calls."""
+#: answers at once with fixed values and reports an 8-GPU device
+EightGpuBackend = StubBackend.variant(
+    "EightGpuBackend",
+    DEVICE=DEVICE,
+    UPDATE_LOSS=[0.25, 0.75],
+    UPDATE_METRICS={"pg_loss": [0.1, 0.3], "grad_norm": 2.0, "actor/ppo_kl": 0.0},
+)
 
-    calls: list = []
 
-    @classmethod
-    def from_config(cls, main_config, *, handle=None):
-        return cls()
-
-    def reconnect_handle(self):
-        return {}
-
-    def destroy(self):
-        return None
-
-    def requires_single_forwarder(self):
-        return True
-
-    async def compute_log_prob(self, data, *, ref, calculate_entropy, rollout_n, temperature, pad_token_id):
-        total = data["input_ids"].values().shape[0]
-        out = {"log_probs": torch.full((total,), -1.0 if not ref else -2.0)}
-        if calculate_entropy:
-            out["entropy"] = torch.arange(total, dtype=torch.float32)
-        return {"model_output": out, "metrics": {}, "device": DEVICE}
-
-    async def update_actor(self, data, *, actor_config, pad_token_id, rollout_n, temperature):
-        return {
-            "loss": [0.25, 0.75],
-            "metrics": {"pg_loss": [0.1, 0.3], "grad_norm": 2.0, "actor/ppo_kl": 0.0},
-            "global_token_num": data["input_ids"].offsets().diff().tolist(),
-            "device": DEVICE,
-        }
-
-    async def generate(self, prompt_ids, sampling_params):
-        raise NotImplementedError
-
-    async def update_weights(self):
-        return None
-
-    async def save_checkpoint(self, path=None, step=None):
-        Path(path).mkdir(parents=True, exist_ok=True)
-        self.calls.append(("save", path, step))
-        return path
-
-    async def load_checkpoint(self, path, step):
-        self.calls.append(("load", path, step))
+def _checkpoint_calls() -> list:
+    return [(op, *payload) for op, payload in EightGpuBackend.calls if op in ("save_checkpoint", "load_checkpoint")]
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +55,7 @@ def forwarder(model_dir, monkeypatch):
         monkeypatch.setenv(key, value)
     # every backend call starts at 100 * i and ends SECONDS later
     clock_values = iter(v for pair in ((100.0 * i, 100.0 * i + SECONDS) for i in itertools.count()) for v in pair)
-    monkeypatch.setattr(worker_module, "_clock", lambda: next(clock_values))
+    monkeypatch.setattr(worker_module, "time", types.SimpleNamespace(perf_counter=lambda: next(clock_values)))
     RemoteBackendRegistry.register("test-8gpu")(EightGpuBackend)
     cfg = compose(
         [
@@ -172,17 +139,17 @@ def test_checkpoints_are_forwarded_with_verls_path_and_step_and_pruned(forwarder
     paths = [str(tmp_path / f"global_step_{i}" / "actor") for i in (1, 2, 3)]
     for step, path in enumerate(paths, start=1):
         assert asyncio.run(forwarder.save_checkpoint(path, None, step, max_ckpt_to_keep=2)) == path
-    assert EightGpuBackend.calls == [("save", p, i) for i, p in enumerate(paths, start=1)]
+    assert _checkpoint_calls() == [("save_checkpoint", p, i) for i, p in enumerate(paths, start=1)]
     # verl's retention: only the newest two actor checkpoints this worker wrote remain
     assert [Path(p).exists() for p in paths] == [False, True, True]
     asyncio.run(forwarder.load_checkpoint(paths[2]))
-    assert EightGpuBackend.calls[-1] == ("load", paths[2], 3)
+    assert _checkpoint_calls()[-1] == ("load_checkpoint", paths[2], 3)
     with pytest.raises(ValueError, match="global_step_<N>"):
         asyncio.run(forwarder.load_checkpoint(str(tmp_path / "latest" / "actor")))
 
 
 def test_resume_without_the_capability_is_a_clear_error(forwarder, monkeypatch):
-    monkeypatch.delattr(EightGpuBackend, "load_checkpoint")
+    monkeypatch.setattr(EightGpuBackend, "load_checkpoint", RemoteBackend.load_checkpoint)
     with pytest.raises(RuntimeError, match="resume_mode=disable"):
         asyncio.run(forwarder.load_checkpoint("/x/global_step_1/actor"))
 

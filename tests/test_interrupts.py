@@ -18,15 +18,15 @@ import psutil
 import pytest
 
 from verl.remote_backend.failure_report import failure_report, root_cause
+from verl.remote_backend.errors import RunInterruptedError
 from verl.remote_backend.interrupts import (
-    RunInterruptedError,
     interrupt_report,
     raise_if_interrupted,
     resume_command,
     sigint_raises_keyboard_interrupt,
 )
 from verl.remote_backend.reaper import is_running
-from verl.remote_backend.reliability import BackendDiedError
+from verl.remote_backend.errors import BackendDiedError
 
 
 # ---------------------------------------------------------------- the failure block
@@ -42,19 +42,19 @@ def test_the_failure_block_starts_with_the_innermost_cause_behind_rays_wrappers(
     lines = failure_report(wrapped, run_dir=str(tmp_path)).splitlines()
     assert lines[0] == (
         "[remote_backend] run failed: BackendDiedError: remote backend 'local' died during update_actor: "
-        f"ActorDiedError. Its logs: /logs/engine.err. Nothing was re-sent; restart the backend and resume from "
+        "ActorDiedError. Its logs: /logs/engine.err. Nothing was re-sent; restart the backend and resume from "
         "the last complete checkpoint (trainer.resume_mode=auto)."
     )
     assert lines[1].startswith("  logs: " + str(tmp_path)) and lines[-1] == "  (the full traceback follows)"
 
 
 def test_the_failure_block_keeps_the_fix_lines_of_a_multi_line_message():
-    from verl.remote_backend.validation import RemoteBackendConfigError
+    from verl.remote_backend.errors import ConfigError
 
-    err = RemoteBackendConfigError("data.train_batch_size=6: not a multiple of ppo_mini_batch_size=4.\nFix: set 8 or 4")
+    err = ConfigError("data.train_batch_size=6: not a multiple of ppo_mini_batch_size=4.\nFix: set 8 or 4")
     lines = failure_report(err).splitlines()
     assert lines[0] == (
-        "[remote_backend] run failed: RemoteBackendConfigError: data.train_batch_size=6: not a multiple of "
+        "[remote_backend] run failed: ConfigError: data.train_batch_size=6: not a multiple of "
         "ppo_mini_batch_size=4."
     )
     assert lines[1] == "  Fix: set 8 or 4"

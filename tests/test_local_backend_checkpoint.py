@@ -7,11 +7,10 @@ import os
 import pytest
 import torch
 
-from local_backend_helpers import (  # noqa: F401  (fixture)
+from local_backend_helpers import (
     dense_rollout_batch,
     main_config,
     random_rollouts,
-    tiny_model_dir,
     to_no_padding,
 )
 

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from local_backend_helpers import engine_settings, main_config, tiny_model_dir  # noqa: F401  (fixture)
+from local_backend_helpers import engine_settings, main_config
 
 
 def _cfg(model_path, **local):
@@ -21,16 +21,18 @@ def _cfg(model_path, **local):
     )
 
 
-@pytest.mark.parametrize("path, match", [(None, "is not set"), ("/definitely/not/here", "is not a directory")])
+@pytest.mark.parametrize("path, match", [(None, "no model is set"), ("/definitely/not/here", "no such model directory")])
 def test_missing_model_path_names_the_key(path, match):
-    from verl.workers.remote_client.local.config import ConfigError, EngineSettings
+    from verl.remote_backend.errors import ConfigError
+    from verl.workers.remote_client.local.config import EngineSettings
 
     with pytest.raises(ConfigError, match=f"actor_rollout_ref.model.path.*{match}"):
         EngineSettings.from_main_config(_cfg(path))
 
 
 def test_directory_that_is_not_a_model_names_the_key(tmp_path):
-    from verl.workers.remote_client.local.config import ConfigError, EngineSettings
+    from verl.remote_backend.errors import ConfigError
+    from verl.workers.remote_client.local.config import EngineSettings
 
     with pytest.raises(ConfigError, match="actor_rollout_ref.model.path.*config.json"):
         EngineSettings.from_main_config(_cfg(str(tmp_path)))
@@ -39,7 +41,8 @@ def test_directory_that_is_not_a_model_names_the_key(tmp_path):
 def test_unloadable_weights_name_the_key(tiny_model_dir, tmp_path):
     import shutil
 
-    from verl.workers.remote_client.local.config import ConfigError, EngineSettings
+    from verl.remote_backend.errors import ConfigError
+    from verl.workers.remote_client.local.config import EngineSettings
     from verl.workers.remote_client.local.engine import LocalEngine
 
     broken = tmp_path / "broken"
@@ -52,7 +55,7 @@ def test_unloadable_weights_name_the_key(tiny_model_dir, tmp_path):
 
 def test_backend_creation_fails_before_starting_ray_on_a_bad_path():
     """from_config validates first: no Ray session is needed to see the config error."""
-    from verl.workers.remote_client.local.config import ConfigError
+    from verl.remote_backend.errors import ConfigError
     from verl.workers.remote_client.local_backend import LocalBackend
 
     with pytest.raises(ConfigError, match="actor_rollout_ref.model.path"):
@@ -62,22 +65,24 @@ def test_backend_creation_fails_before_starting_ray_on_a_bad_path():
 @pytest.mark.parametrize(
     "local, match",
     [
-        ({"devcie": "cpu"}, r"Unknown key.*remote_backend.local.devcie"),
-        ({"device": "tpu"}, r"remote_backend.local.device='tpu' is invalid"),
-        ({"dtype": "float64"}, r"remote_backend.local.dtype='float64' is invalid"),
-        ({"max_batch_size": 0}, r"remote_backend.local.max_batch_size=0 is invalid"),
+        ({"devcie": "cpu"}, r"unknown key.*remote_backend.local.devcie"),
+        ({"device": "tpu"}, r"remote_backend.local.device='tpu': must be one of"),
+        ({"dtype": "float64"}, r"remote_backend.local.dtype='float64': must be one of"),
+        ({"max_batch_size": 0}, r"remote_backend.local.max_batch_size=0: must be >= 1"),
         ({"attn_implementation": "flash_attention_2"}, r"flash attention needs device=cuda"),
     ],
 )
 def test_invalid_backend_keys_are_named(tiny_model_dir, local, match):
-    from verl.workers.remote_client.local.config import ConfigError, EngineSettings
+    from verl.remote_backend.errors import ConfigError
+    from verl.workers.remote_client.local.config import EngineSettings
 
     with pytest.raises(ConfigError, match=match):
         EngineSettings.from_main_config(_cfg(tiny_model_dir, **local))
 
 
 def test_conflicting_grad_clip_keys_are_rejected(tiny_model_dir):
-    from verl.workers.remote_client.local.config import ConfigError, EngineSettings
+    from verl.remote_backend.errors import ConfigError
+    from verl.workers.remote_client.local.config import EngineSettings
 
     cfg = main_config(tiny_model_dir, grad_clip=0.5, **{"optim.clip_grad": 2.0})
     with pytest.raises(ConfigError, match="grad_clip=0.5 and actor_rollout_ref.actor.optim.clip_grad=2.0"):
@@ -87,7 +92,8 @@ def test_conflicting_grad_clip_keys_are_rejected(tiny_model_dir):
 
 
 def test_warmup_ratio_without_a_step_count_is_rejected(tiny_model_dir):
-    from verl.workers.remote_client.local.config import ConfigError, EngineSettings
+    from verl.remote_backend.errors import ConfigError
+    from verl.workers.remote_client.local.config import EngineSettings
     from verl.workers.remote_client.local.engine import LocalEngine
 
     cfg = main_config(tiny_model_dir, **{"optim.lr_warmup_steps_ratio": 0.1})
@@ -125,10 +131,11 @@ def test_yaml_defaults_equal_the_dataclass_defaults():
     import yaml
 
     import verl.remote_backend as rb
+    from verl.remote_backend.settings import build_settings
     from verl.workers.remote_client.local.config import LocalBackendConfig
 
     path = os.path.join(os.path.dirname(rb.__file__), "config", "remote_backend", "local.yaml")
     with open(path) as fh:
         from_yaml = yaml.safe_load(fh)
     assert from_yaml == LocalBackendConfig().to_dict()
-    assert LocalBackendConfig.from_mapping(from_yaml) == LocalBackendConfig()
+    assert build_settings(LocalBackendConfig, from_yaml, "remote_backend.local") == LocalBackendConfig()

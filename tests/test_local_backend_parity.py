@@ -15,12 +15,11 @@ import tempfile
 import pytest
 import torch
 
-from local_backend_helpers import (  # noqa: F401  (fixture)
+from local_backend_helpers import (
     dense_rollout_batch,
     engine_settings,
     main_config,
     random_rollouts,
-    tiny_model_dir,
     to_no_padding,
 )
 

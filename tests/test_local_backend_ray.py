@@ -8,29 +8,17 @@ import time
 import pytest
 import torch
 
-from verl.remote_backend.reliability import BackendClosedError
+from verl.remote_backend.errors import BackendClosedError
 
-from local_backend_helpers import (  # noqa: F401  (fixture)
+from local_backend_helpers import (
+    engine_info,
     dense_rollout_batch,
     main_config,
     random_rollouts,
-    tiny_model_dir,
     to_no_padding,
 )
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=4, include_dashboard=False)
-    yield
-    if started:
-        ray.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +32,7 @@ def backend(ray_session, cfg):
 
     b = RemoteBackendRegistry.create("local", cfg)
     yield b
-    b.destroy()
+    asyncio.run(b.destroy())
 
 
 def run(coro):
@@ -64,7 +52,7 @@ def _update_batch(seed=0):
 
 
 def test_contract_ops_through_the_ray_actor(backend, cfg, tiny_model_dir):
-    from verl.remote_backend.base import BackendDevice, supports_resume
+    from verl.remote_backend.base import supports_resume
     from verl.workers.remote_client.local.engine import LocalEngine
     from local_backend_helpers import engine_settings
 
@@ -76,24 +64,24 @@ def test_contract_ops_through_the_ray_actor(backend, cfg, tiny_model_dir):
     out = run(backend.compute_log_prob(td, ref=False, calculate_entropy=True, rollout_n=1, temperature=1.0,
                                        pad_token_id=0))
     local = LocalEngine(engine_settings(tiny_model_dir)).log_probs(td, calculate_entropy=True)
-    torch.testing.assert_close(out["model_output"]["log_probs"], local["log_probs"], atol=1e-5, rtol=0)
-    torch.testing.assert_close(out["model_output"]["entropy"], local["entropy"], atol=1e-5, rtol=0)
-    assert BackendDevice.from_dict(out["device"]).type == "cpu"
+    torch.testing.assert_close(out.log_probs, local["log_probs"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(out.entropy, local["entropy"], atol=1e-5, rtol=0)
+    assert out.device.type == "cpu" and out.compute_s > 0
     ref = run(backend.compute_log_prob(td, ref=True, calculate_entropy=False, rollout_n=1, temperature=1.0,
                                        pad_token_id=0))
-    assert set(ref["model_output"]) == {"log_probs"}
+    assert ref.entropy is None
 
     batch = _update_batch()
     # actor_config as verl's worker passes it: the DictConfig block
     upd = run(backend.update_actor(batch, actor_config=cfg.actor_rollout_ref.actor, pad_token_id=0, rollout_n=1,
                                    temperature=1.0))
-    assert isinstance(upd["loss"], float)
-    assert {"pg_loss", "pg_clipfrac", "ppo_kl", "grad_norm", "lr", "entropy", "kl_loss"} <= set(upd["metrics"])
-    for key, val in upd["metrics"].items():
+    assert isinstance(upd.loss, float)
+    assert {"pg_loss", "pg_clipfrac", "ppo_kl", "grad_norm", "lr", "entropy", "kl_loss"} <= set(upd.metrics)
+    for key, val in upd.metrics.items():
         assert isinstance(val, float) or all(isinstance(v, float) for v in val), key
-    assert len(upd["metrics"]["grad_norm"]) == 2
-    assert upd["global_token_num"] == batch["input_ids"].offsets().diff().tolist()
-    assert BackendDevice.from_dict(upd["device"]).count == 1
+    assert len(upd.metrics["grad_norm"]) == 2
+    assert upd.global_token_num == batch["input_ids"].offsets().diff().tolist()
+    assert upd.device.count == 1
 
     version = run(backend.update_weights())["policy_version"]
     assert run(backend.update_weights())["policy_version"] == version + 1
@@ -103,16 +91,16 @@ def test_concurrent_generate_requests_are_batched(backend):
     params = {"max_tokens": 12, "temperature": 1.0, "top_p": 0.95, "logprobs": True}
 
     async def burst():
-        before = (await backend.engine_info())["batches_run"]
+        before = (await engine_info(backend))["batches_run"]
         results = await asyncio.gather(*[backend.generate([5, 6, 7, i + 3], params) for i in range(64)])
-        after = (await backend.engine_info())["batches_run"]
+        after = (await engine_info(backend))["batches_run"]
         return results, after - before
 
     results, batches = run(burst())
     assert len(results) == 64 and batches <= 8, f"64 concurrent requests took {batches} batches"
     for res in results:
-        assert 1 <= len(res["token_ids"]) <= 12 and len(res["log_probs"]) == len(res["token_ids"])
-        assert res["stop_reason"] == "completed"
+        assert 1 <= len(res.token_ids) <= 12 and len(res.log_probs) == len(res.token_ids)
+        assert res.stop_reason == "completed"
 
 
 def test_invalid_generate_input_raises_value_error_through_ray(backend):
@@ -126,7 +114,7 @@ def test_save_and_load_checkpoint_through_ray(backend, tmp_path):
     path = str(tmp_path / "global_step_2" / "actor")
     assert run(backend.save_checkpoint(path, 2)) == path
     run(backend.load_checkpoint(path, 2))
-    assert run(backend.engine_info())["global_step"] == 2
+    assert run(engine_info(backend))["global_step"] == 2
 
 
 def test_reattach_from_another_process_uses_the_same_engine_and_never_kills_it(backend, cfg):
@@ -135,7 +123,7 @@ def test_reattach_from_another_process_uses_the_same_engine_and_never_kills_it(b
     from verl.workers.remote_client.local_backend import LocalBackend
 
     handle = backend.reconnect_handle()
-    engine_pid = run(backend.engine_info())["pid"]
+    engine_pid = run(engine_info(backend))["pid"]
 
     @ray.remote(num_cpus=0)
     def attached_client(handle, cfg):
@@ -143,15 +131,15 @@ def test_reattach_from_another_process_uses_the_same_engine_and_never_kills_it(b
         import os
 
         attached = LocalBackend.from_config(cfg, handle=handle)
-        info = asyncio.run(attached.engine_info())
+        info = ray.get(attached.reconnect_handle()["actor"].info.remote())  # the engine it reached
         out = asyncio.run(attached.generate([5, 6, 7], {"max_tokens": 4, "temperature": 0}))
-        attached.destroy()
-        attached.destroy()
-        return os.getpid(), info["pid"], out["token_ids"]
+        asyncio.run(attached.destroy())
+        asyncio.run(attached.destroy())
+        return os.getpid(), info["pid"], out.token_ids
 
     client_pid, seen_pid, tokens = ray.get(attached_client.remote(handle, cfg))
     assert client_pid != engine_pid and seen_pid == engine_pid and len(tokens) <= 4
-    assert run(backend.engine_info())["pid"] == engine_pid  # still alive after the attached destroy
+    assert run(engine_info(backend))["pid"] == engine_pid  # still alive after the attached destroy
 
 
 def test_owner_destroy_is_idempotent_and_stops_the_engine(ray_session, cfg):
@@ -162,8 +150,8 @@ def test_owner_destroy_is_idempotent_and_stops_the_engine(ray_session, cfg):
     b = LocalBackend.from_config(cfg)
     actor = b.reconnect_handle()["actor"]
     assert ray.get(actor.info.remote())["pid"]
-    b.destroy()
-    b.destroy()
+    asyncio.run(b.destroy())
+    asyncio.run(b.destroy())
     # ray.kill is asynchronous: a call sent right after it may still be served, so poll until the
     # actor is gone (a live actor keeps answering and the deadline fails the test).
     deadline = time.monotonic() + 60
@@ -179,7 +167,7 @@ def test_weight_sync_waits_for_in_flight_requests_and_admits_the_rest_after(back
     params = {"max_tokens": 20, "temperature": 0}
 
     async def mixed():
-        before = (await backend.engine_info())["policy_version"]
+        before = (await engine_info(backend))["policy_version"]
         first = [asyncio.ensure_future(backend.generate([9, 8, 7, i + 3], params)) for i in range(8)]
         await asyncio.sleep(0.05)
         sync = asyncio.ensure_future(backend.update_weights())
@@ -189,7 +177,7 @@ def test_weight_sync_waits_for_in_flight_requests_and_admits_the_rest_after(back
 
     before, results = run(mixed())
     assert results[8]["policy_version"] == before + 1
-    assert all(len(r["token_ids"]) <= 20 for r in results[:8] + results[9:])
+    assert all(len(r.token_ids) <= 20 for r in results[:8] + results[9:])
 
 
 def test_engine_start_failure_surfaces_the_engine_error(ray_session, tiny_model_dir, tmp_path):
@@ -198,7 +186,7 @@ def test_engine_start_failure_surfaces_the_engine_error(ray_session, tiny_model_
 
     from omegaconf import OmegaConf
 
-    from verl.workers.remote_client.local.config import ConfigError
+    from verl.remote_backend.errors import ConfigError
     from verl.workers.remote_client.local_backend import LocalBackend
 
     broken = tmp_path / "broken"

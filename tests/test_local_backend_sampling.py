@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from local_backend_helpers import engine_settings, tiny_model_dir  # noqa: F401  (fixture)
+from local_backend_helpers import engine_settings
 
 
 @pytest.fixture(scope="module")

@@ -10,12 +10,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from verl.remote_backend.guard import BackendGuard, log_location, run_with_timeout, supports_health
+from verl.remote_backend.errors import BackendDiedError, BackendTimeoutError, BackendTransportError
 from verl.remote_backend.reliability import (
     IDEMPOTENT_OPS,
     NEVER_RETRIED_OPS,
-    BackendDiedError,
-    BackendTimeoutError,
-    BackendTransportError,
     LivenessSettings,
     ReliabilitySettings,
     RetryPolicy,
@@ -237,7 +235,7 @@ def test_a_ray_actor_death_is_recognised_without_a_probe():
 def test_a_call_on_a_destroyed_client_is_reported_as_a_stop_not_a_death(caplog):
     """Teardown destroys the rollout servers' clients while the agent loop may still submit a
     request; that request's failure is the run's own shutdown, not a crash."""
-    from verl.remote_backend.reliability import BackendClosedError, BackendStoppedError
+    from verl.remote_backend.errors import BackendClosedError, BackendStoppedError
 
     guard = BackendGuard(FakeBackend(with_health=False), name="local", settings=settings())
 
@@ -256,7 +254,7 @@ def test_an_engine_stopped_by_ray_kill_is_reported_as_a_stop_not_a_death(caplog)
     not announce a crash (the real cause is reported first, elsewhere)."""
     import ray
 
-    from verl.remote_backend.reliability import BackendStoppedError
+    from verl.remote_backend.errors import BackendStoppedError
 
     @ray.remote
     class Engine:
@@ -306,7 +304,7 @@ def test_errors_survive_pickling_as_ray_ships_them():
     """Ray pickles a worker's exception to the trainer; keyword-only constructors must not break that."""
     import pickle
 
-    from verl.remote_backend.reliability import BackendOutputError, BackendStoppedError, ResumeCheckpointError
+    from verl.remote_backend.errors import BackendOutputError, BackendStoppedError, ResumeCheckpointError
 
     for err in (
         BackendTimeoutError(op="generate", backend="b", limit_s=3, key="remote_backend.timeouts.generate"),

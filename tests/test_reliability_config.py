@@ -19,8 +19,9 @@ import torch
 
 from remote_e2e import REPO_ROOT, compose
 from verl.remote_backend.main_ppo import run
-from verl.remote_backend.reliability import ResumeCheckpointError
-from verl.remote_backend.validation import RemoteBackendConfigError, validate_remote_backend_config
+from verl.remote_backend.errors import ResumeCheckpointError
+from verl.remote_backend.errors import ConfigError
+from verl.remote_backend.validation import validate_remote_backend_config
 from verl.workers.remote_client.local.checkpoint import write_checkpoint_dir
 
 BASE = [
@@ -52,7 +53,7 @@ def cfg(model, *changes):
     return compose(base + list(changes))
 
 
-def fails_before_ray(config, error=RemoteBackendConfigError) -> str:
+def fails_before_ray(config, error=ConfigError) -> str:
     assert not ray.is_initialized()
     with pytest.raises(error) as info:
         run(config)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from verl.remote_backend.results import GenerateResult
 from verl.workers.rollout.remote_rollout.sampling import (
     backend_sampling_params,
     cap_max_tokens,
@@ -65,15 +66,17 @@ def test_generate_result_becomes_token_output_fields():
 @pytest.mark.parametrize(
     "result, message",
     [
-        ({"ids": [1]}, "must contain 'token_ids'"),
-        ({"token_ids": [1, 2, 3]}, "3 tokens but max_tokens was 2"),
-        ({"token_ids": [1.5]}, "non-integer"),
-        ({"token_ids": [1, 2], "log_probs": [-1.0]}, "1 log-probs for 2 tokens"),
+        ({"ids": [1]}, "expected a GenerateResult, got a dict"),
+        (lambda: GenerateResult([1, 2, 3]), "3 tokens but max_tokens was 2"),
+        (lambda: GenerateResult([1.5]), "GenerateResult.token_ids must be ints, got 1.5"),
+        (lambda: GenerateResult([1, 2], [-1.0]), "GenerateResult has 1 log-probs for 2 tokens"),
+        (lambda: GenerateResult([1], stop_reason="length"), "stop_reason must be 'completed' or 'aborted'"),
+        ({"token_ids": [1.5]}, "GenerateResult.token_ids must be ints"),  # a legacy dict, same check
     ],
 )
 def test_bad_generate_results_are_rejected(result, message):
     with pytest.raises(ValueError, match=message):
-        check_generate_result(result, max_tokens=2, want_logprobs=False)
+        check_generate_result(result() if callable(result) else result, max_tokens=2, want_logprobs=False)
 
 
 def test_missing_logprobs_when_asked_is_an_error():

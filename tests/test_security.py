@@ -93,7 +93,7 @@ def _torch_save_bytes(tmp_path: Path, obj) -> bytes:
 
 def test_a_checkpoint_with_a_pickled_payload_is_refused(tmp_path):
     """A tampered optimizer.pt (with a matching manifest) must not execute on load."""
-    from verl.remote_backend.tiny_model import build_tiny_model
+    from verl.remote_backend.testing.tiny_model import build_tiny_model
     from verl.workers.remote_client.local.checkpoint import CheckpointError, MANIFEST, _sha256
     from verl.workers.remote_client.local.config import EngineSettings
     from verl.workers.remote_client.local.engine import LocalEngine

@@ -33,11 +33,12 @@ class MyEngineBackend(RemoteBackend):
     def reconnect_handle(self) -> dict[str, Any]:
         return {"inner": self._inner.reconnect_handle()}
 
-    def destroy(self):
+    async def destroy(self) -> None:
         print(f"[my-engine] destroy owner={self._owner}", flush=True)
-        return self._inner.destroy()
+        await self._inner.destroy()
 
-    def requires_single_forwarder(self) -> bool:
+    @classmethod
+    def requires_single_forwarder(cls) -> bool:
         # A constant, as for most engines: the entry point can then read it before anything starts
         # and derive trainer.n_gpus_per_node=1 from a verl command line written for 8 GPUs.
         return True

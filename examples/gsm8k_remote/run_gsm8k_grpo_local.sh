@@ -50,7 +50,7 @@ echo "[gsm8k-local] preparing data in $work/data"
 if [ "$model_path" = "tiny" ]; then
     model_path="$work/tiny_model"
     if [ ! -f "$model_path/config.json" ]; then
-        "$python" -m verl.remote_backend.tiny_model "$model_path" >>"$work/prepare.log" 2>&1
+        "$python" -m verl.remote_backend.testing.tiny_model "$model_path" >>"$work/prepare.log" 2>&1
     fi
 elif [ -z "$model_path" ]; then
     model_path="$("$python" "$here/prepare_model.py" 2>>"$work/prepare.log")"

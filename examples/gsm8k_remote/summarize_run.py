@@ -11,7 +11,6 @@ verl's tensorboard dependency brings).
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 

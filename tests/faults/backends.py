@@ -25,91 +25,27 @@ import signal
 import time
 from typing import Any, Optional
 
-import torch
 
-from verl.remote_backend import RemoteBackend, RemoteBackendRegistry
+from stub_backend import StubBackend, corrupt
+from verl.remote_backend import RemoteBackendRegistry
 from verl.workers.remote_client.local_backend import LocalBackend
 
 __all__ = ["ScriptedBackend", "CorruptingLocalBackend", "corrupt"]
 
 
-def corrupt(op: str, fault: str, result: Any, *, vocab_size: int = 512) -> Any:
-    """Apply an output fault to a well-formed result of ``op``."""
-    if op == "compute_log_prob":
-        out = dict(result["model_output"])
-        if fault == "wrong_shape":
-            out["log_probs"] = out["log_probs"][:-1]
-        elif fault == "nan":
-            out["log_probs"] = out["log_probs"].clone()
-            out["log_probs"][3] = float("nan")
-        elif fault == "missing_key":
-            out.pop("log_probs")
-        return {**result, "model_output": out}
-    if op == "generate" and fault == "oov":
-        return {**result, "token_ids": list(result["token_ids"])[:-1] + [vocab_size + 7]}
-    return result
-
-
 @RemoteBackendRegistry.register("fault-scripted")
-class ScriptedBackend(RemoteBackend):
-    """Contract double: valid answers unless :data:`SCRIPT` names a fault for the op."""
+class ScriptedBackend(StubBackend):
+    """The suite's stub backend (tests/stub_backend.py) whose checkpoints carry the local
+    engine's manifest, so the ledger can verify them."""
 
     SCRIPT: dict[str, str] = {}
-    VOCAB = 512
-
-    @classmethod
-    def from_config(cls, main_config, *, handle=None):
-        return cls()
-
-    def reconnect_handle(self):
-        return {}
-
-    def destroy(self):
-        return None
-
-    def requires_single_forwarder(self):
-        return True
-
-    async def _maybe_hang(self, op: str) -> None:
-        if self.SCRIPT.get(op) == "hang":
-            await asyncio.sleep(3600)
-
-    async def health(self) -> None:
-        await self._maybe_hang("health")
-
-    def log_location(self) -> str:
-        return "/nonexistent/scripted-backend.log"
-
-    async def compute_log_prob(self, data, *, ref, calculate_entropy, rollout_n, temperature, pad_token_id):
-        await self._maybe_hang("compute_log_prob")
-        total = data["input_ids"].values().shape[0]
-        out = {"log_probs": torch.full((total,), -0.5)}
-        if calculate_entropy:
-            out["entropy"] = torch.ones(total)
-        return corrupt("compute_log_prob", self.SCRIPT.get("compute_log_prob", ""), {"model_output": out, "metrics": {}})
-
-    async def update_actor(self, data, *, actor_config, pad_token_id, rollout_n, temperature):
-        await self._maybe_hang("update_actor")
-        return {"loss": 0.1, "metrics": {"pg_loss": 0.1}, "global_token_num": data["input_ids"].offsets().diff().tolist()}
-
-    async def generate(self, prompt_ids, sampling_params):
-        await self._maybe_hang("generate")
-        n = min(3, int(sampling_params["max_tokens"]))
-        result = {"token_ids": [5 + i for i in range(n)], "log_probs": None, "stop_reason": "completed"}
-        return corrupt("generate", self.SCRIPT.get("generate", ""), result, vocab_size=self.VOCAB)
-
-    async def update_weights(self):
-        await self._maybe_hang("update_weights")
-        return {"policy_version": 1}
+    calls: list = []
 
     async def save_checkpoint(self, path=None, step=None):
-        await self._maybe_hang("save_checkpoint")
+        await self._record("save_checkpoint", (path, step))
         from verl.workers.remote_client.local.checkpoint import write_checkpoint_dir
 
         return write_checkpoint_dir(path, int(step or 0), {"weights.bin": lambda f: open(f, "wb").write(b"w" * 32)})
-
-    async def load_checkpoint(self, path, step):
-        await self._maybe_hang("load_checkpoint")
 
 
 def _env_script() -> tuple[dict[str, str], dict[str, int]]:
@@ -173,7 +109,7 @@ class CorruptingLocalBackend(LocalBackend):
     async def save_checkpoint(self, path=None, step=None):
         return await self._run("save_checkpoint", lambda: super(CorruptingLocalBackend, self).save_checkpoint(path, step))
 
-    def destroy(self) -> None:
+    async def destroy(self) -> None:
         if self._owner and not self._destroyed:
             print(f"[fault] destroy called at {time.time():.3f}", flush=True)
-        super().destroy()
+        await super().destroy()

@@ -19,7 +19,7 @@ import torch
 from faults.backends import ScriptedBackend
 from faults.conftest import bounded
 from remote_e2e import compose
-from verl.remote_backend.reliability import BackendDiedError, BackendOutputError, BackendTimeoutError
+from verl.remote_backend.errors import BackendDiedError, BackendOutputError, BackendTimeoutError
 from verl.utils import tensordict_utils as tu
 
 NAME = "fault-scripted"
@@ -27,7 +27,7 @@ NAME = "fault-scripted"
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
-    from verl.remote_backend.tiny_model import build_tiny_model
+    from verl.remote_backend.testing.tiny_model import build_tiny_model
 
     return build_tiny_model(str(tmp_path_factory.mktemp("faults_model")))
 
@@ -128,7 +128,7 @@ def test_frozen_backend_is_declared_dead_by_the_watchdog(fault, make_forwarder, 
     with fault.expect(
         BackendDiedError,
         match=r"'fault-scripted' died during .*2 consecutive health probes failed.*no answer to health\(\) within 0\.5s"
-        r".*Its logs: /nonexistent/scripted-backend\.log",
+        r".*Its logs: /nonexistent/stub-backend\.log",
         within_s=6,
     ):
         run(forwarder.compute_log_prob(batch()))
@@ -141,9 +141,9 @@ def test_frozen_backend_is_declared_dead_by_the_watchdog(fault, make_forwarder, 
 @pytest.mark.parametrize(
     "kind, match",
     [
-        ("wrong_shape", r"model_output\['log_probs'\]: expected shape \[12\] \(one value per packed token; rows \[5, 7\]\), got \[11\]"),
-        ("nan", r"model_output\['log_probs'\]: expected finite values, got 1 NaN/Inf \(first at packed index 3: row 0, token 3"),
-        ("missing_key", r"model_output\['log_probs'\] is missing; expected a float tensor of shape \[12\] \(keys present: \['entropy'\]\)"),
+        ("wrong_shape", r"compute_log_prob: log_probs: expected shape \[12\] \(one value per packed token; rows \[5, 7\]\), got \[11\]"),
+        ("nan", r"compute_log_prob: log_probs: expected finite values, got 1 NaN/Inf \(first at packed index 3: row 0, token 3"),
+        ("missing_key", r"compute_log_prob: entropy was asked for \(calculate_entropy=True\) but the result has none"),
     ],
 )
 def test_malformed_log_probs_are_named(fault, make_forwarder, kind, match):
@@ -257,8 +257,8 @@ def test_bad_input_is_refused_before_ray_starts(fault, model_dir, tmp_path, case
     from remote_e2e import build_gsm8k, small_ci_overrides
     from verl.remote_backend.failure_report import failure_report
     from verl.remote_backend.main_ppo import run
-    from verl.remote_backend.reliability import ResumeCheckpointError
-    from verl.remote_backend.validation import RemoteBackendConfigError
+    from verl.remote_backend.errors import ResumeCheckpointError
+    from verl.remote_backend.errors import ConfigError
 
     if case.startswith("local engine on cuda") and torch.cuda.device_count() > 0:
         pytest.skip("this machine has a GPU")
@@ -268,7 +268,7 @@ def test_bad_input_is_refused_before_ray_starts(fault, model_dir, tmp_path, case
     keys = {c.split("=", 1)[0] for c in changes}
     overrides = [o for o in base if o.split("=", 1)[0] not in keys] + changes
     assert not ray.is_initialized()
-    error = ResumeCheckpointError if case.startswith("resume") else RemoteBackendConfigError
+    error = ResumeCheckpointError if case.startswith("resume") else ConfigError
     with fault.expect(error, match=BAD_INPUT_EXPECTED[case], within_s=15) as outcome:
         run(compose(overrides))
     assert not ray.is_initialized(), "refused after Ray started"

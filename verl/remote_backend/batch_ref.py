@@ -1,23 +1,10 @@
-"""``BatchRef``: a dispatched batch that stays in Ray's object store until the backend needs it.
+"""``BatchRef``: a dispatched batch that stays in Ray's object store until something reads it.
 
-Why: on the trainer's path a batch would otherwise be serialised twice - by
-verl's dispatch (driver -> forwarder) and again by a Ray-actor backend's client
-(forwarder -> engine) - and deserialised twice. The forwarder's dispatch
-(:mod:`verl.remote_backend.dispatch`) instead ``ray.put``\\ s each chunk once and
-sends the forwarder a ``BatchRef``: the object reference plus the little the
-forwarder itself reads (row offsets for rebuilding per-token outputs and for
-MFU, and the non-tensor fields such as ``calculate_entropy`` or ``epochs``).
-
-* A backend that declares the optional capability ``accepts_batch_refs = True``
-  (see :func:`verl.remote_backend.base.accepts_batch_refs`) receives the
-  ``BatchRef`` and passes ``batch_ref.ref`` as a top-level argument of its Ray
-  actor call; Ray resolves it in the engine process, so the batch is copied
-  once per process hop that actually reads it.
-* Every other backend receives the ``TensorDict`` as before: the forwarder
-  fetches it (:meth:`BatchRef.fetch`) - one deserialisation, what a plain Ray
-  argument costs anyway.
-
-Pure module: no Ray import (the reference is an opaque attribute).
+Without it a batch would be serialised twice on the trainer's path: by verl's dispatch (driver
+to forwarder) and again by a Ray-actor backend's client (forwarder to engine). A ``BatchRef``
+carries the object reference plus the little the forwarder reads itself (row offsets, scalar
+non-tensor fields), so the batch is deserialised only in the process that uses it.
+Pure module: no Ray import (the reference is opaque here).
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """Let verl's padding helpers run on a machine without ``flash_attn``.
 
-On the new worker path verl's trainer calls ``left_right_2_no_padding`` on the
-driver, which reaches ``verl.utils.attention_utils._get_attention_functions``;
-on CUDA that imports ``flash_attn.bert_padding``, absent on CPU-only drivers.
-``transformers.modeling_flash_attention_utils`` ships pure-torch equivalents
-with the same signatures (``_index_first_axis``, ``_pad_input``,
-``_unpad_input``) and ``einops.rearrange`` is the original ``rearrange``.
-
-:func:`install_flash_attn_fallback` swaps verl's *loader function* (a module
-attribute looked up at call time) for one returning those helpers. No verl
-file is edited and no fake ``flash_attn`` module is created, so nothing that
-probes for flash-attn (transformers, verl's engines) is misled. It does
-nothing when ``flash_attn`` is importable or verl runs on an Ascend NPU.
-Idempotent; call it in every process that pads/unpads verl batches (the
-trainer and the forwarder do so on import).
+On the new worker path verl pads and unpads batches on the driver and in the forwarders through
+``verl.utils.attention_utils``, which on CUDA imports ``flash_attn.bert_padding``; CPU-only
+driver and forwarder processes lack it. ``transformers`` ships pure-torch equivalents with the
+same signatures, and this module points verl at them without editing verl or faking ``flash_attn``.
 """
 
 from __future__ import annotations
@@ -45,6 +35,10 @@ def flash_attn_fallback_installed() -> bool:
 
 def install_flash_attn_fallback() -> bool:
     """Route verl's pad/unpad helpers to pure torch if ``flash_attn`` is missing.
+
+    Swaps verl's loader function (looked up at call time) for one returning the pure-torch
+    helpers; no fake ``flash_attn`` module is created, so code probing for flash-attn is not
+    misled. Idempotent; call it in every process that pads/unpads verl batches.
 
     Returns True when the fallback is (now or already) in place, False when the
     real ``flash_attn`` (or an NPU) serves them.

@@ -12,14 +12,12 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Iterable, Optional
 
+from verl.remote_backend.errors import ConfigError
+
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-__all__ = ["DataFileError", "check_data_files"]
-
-
-class DataFileError(ValueError):
-    """A train/val data file cannot feed the run; the message names the file, the rows and the fix."""
+__all__ = ["check_data_files"]
 
 
 def _files(value: Any) -> list[str]:
@@ -39,7 +37,7 @@ def check_data_files(config: "DictConfig", tokenizer: Optional[Any] = None) -> N
         tokenizer: the model's tokenizer, for the length check; ``None`` skips it.
 
     Raises:
-        DataFileError: a file without the prompt column, with empty prompts, or - when
+        ConfigError: a file without the prompt column, with empty prompts, or - when
             ``filter_overlong_prompts`` is false - with prompts whose chat-templated length
             exceeds ``max_prompt_length``.
     """
@@ -63,7 +61,7 @@ def _read_prompts(path: str, key: str, setting: str) -> list:
 
     columns = pq.read_schema(path).names
     if key not in columns:
-        raise DataFileError(
+        raise ConfigError(
             f"{setting}: {path} has no {key!r} column (data.prompt_key={key!r}; its columns: {columns}). Fix: set "
             "data.prompt_key to the column holding the chat messages, or prepare the file with "
             "examples/gsm8k_remote/prepare_gsm8k.py"
@@ -84,9 +82,9 @@ def _is_empty(prompt: Any) -> bool:
 def _check_prompts(path: str, key: str, prompts: list) -> None:
     empty = [i for i, p in enumerate(prompts) if _is_empty(p)]
     if not prompts:
-        raise DataFileError(f"{path} has no rows. Fix: point data.train_files/val_files at a prepared file")
+        raise ConfigError(f"{path} has no rows. Fix: point data.train_files/val_files at a prepared file")
     if empty:
-        raise DataFileError(
+        raise ConfigError(
             f"{path}: {len(empty)} of {len(prompts)} rows have an empty {key!r} (first: row {empty[0]}). "
             "Fix: drop those rows from the file (verl would fail on them inside its data workers)"
         )
@@ -104,7 +102,7 @@ def _check_lengths(path: str, prompts: Iterable, tokenizer: Any, limit: int, tem
             longest = max(longest, n)
             first = i if first is None else first
     if over:
-        raise DataFileError(
+        raise ConfigError(
             f"{path}: {over} prompt(s) are longer than data.max_prompt_length={limit} tokens after the chat template "
             f"(longest {longest}, first: row {first}), and data.filter_overlong_prompts=false keeps them: they would get "
             f"no room to generate. Fix: set data.filter_overlong_prompts=true, or data.max_prompt_length>={longest}"

@@ -1,12 +1,9 @@
 """One switch: the verl keys a remote-backend run requires are derived from ``trainer.remote_backend``.
 
-A verl GRPO command line describes verl's own engines (vLLM rollout with tensor parallelism,
-FSDP workers on 8 GPUs per node, the legacy-worker switch on ``auto``). With a remote backend
-those engines are not started - the backend trains and samples - so the keys that describe
-them have exactly one valid value on the remote path. :func:`derive_remote_settings` sets them,
-and the entry point prints one line listing what changed. A value that asks for something the
-remote path cannot do (``use_legacy_worker_impl=enable``, an accelerator for the CPU-only
-forwarders, an unknown rollout engine), set explicitly, is refused with the key and the reason.
+A verl GRPO command line describes verl's own engines (vLLM rollout with tensor parallelism, FSDP
+workers on 8 GPUs per node, the legacy-worker switch). With a remote backend those engines are
+not started, so the keys that describe them have exactly one valid value on the remote path.
+This module sets them, so a user adds only the switch to verl's own command line.
 """
 
 from __future__ import annotations
@@ -17,12 +14,10 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from omegaconf import OmegaConf, open_dict
 
-from verl.remote_backend.validation import (
-    REMOTE_ROLLOUT_NAME,
-    RemoteBackendConfigError,
-    probe_single_forwarder,
-    backend_name,
-)
+from verl.remote_backend.base import requires_single_forwarder
+from verl.remote_backend.errors import ConfigError
+from verl.remote_backend.settings import select
+from verl.remote_backend.validation import REMOTE_ROLLOUT_NAME, backend_name
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -66,7 +61,9 @@ def derive_remote_settings(config: "DictConfig", explicit: Optional[Collection[s
     Nothing happens when ``trainer.remote_backend`` is null.
 
     Raises:
-        RemoteBackendConfigError: an explicit value the remote path cannot honour.
+        ConfigError: an explicit value the remote path cannot honour
+            (``use_legacy_worker_impl=enable``, an accelerator ``trainer.device``, an unknown
+            rollout engine), naming the key and the reason.
     """
     name = backend_name(config)
     if name is None:
@@ -75,11 +72,11 @@ def derive_remote_settings(config: "DictConfig", explicit: Optional[Collection[s
     changes: list[DerivedSetting] = []
 
     def require(key: str, value: Any, reason: str, *, refuse_explicit: Collection[Any] = ()) -> None:
-        current = OmegaConf.select(config, key, default=None, throw_on_missing=False)
+        current = select(config, key)
         if current == value:
             return
         if key in explicit and current in refuse_explicit:
-            raise RemoteBackendConfigError(
+            raise ConfigError(
                 f"{key}={current!r} was set explicitly, but with trainer.remote_backend={name} {reason}. "
                 f"Fix: drop {key} from the command line (it is set to {value!r} for you)"
             )
@@ -101,7 +98,7 @@ def derive_remote_settings(config: "DictConfig", explicit: Optional[Collection[s
         "the verl side (driver, forwarders) computes nothing on an accelerator; the backend owns its devices",
         refuse_explicit={"cuda", "npu"},
     )
-    rollout_name = OmegaConf.select(config, "actor_rollout_ref.rollout.name", default=None, throw_on_missing=False)
+    rollout_name = select(config, "actor_rollout_ref.rollout.name")
     if rollout_name not in (REMOTE_ROLLOUT_NAME, name):
         unknown = rollout_name not in VERL_ROLLOUT_ENGINES and rollout_name is not None
         require(
@@ -111,7 +108,7 @@ def derive_remote_settings(config: "DictConfig", explicit: Optional[Collection[s
             refuse_explicit={rollout_name} if unknown else (),
         )
     for key in _PARALLEL_SIZES:
-        if OmegaConf.select(config, key, default=None, throw_on_missing=False) is not None:
+        if select(config, key) is not None:
             require(key, 1, "the backend parallelises sampling itself (one rollout replica per forwarder)")
 
     from verl.remote_backend.registry import RemoteBackendRegistry
@@ -120,7 +117,7 @@ def derive_remote_settings(config: "DictConfig", explicit: Optional[Collection[s
         backend_cls = RemoteBackendRegistry.get(name)
     except Exception:  # noqa: BLE001 - an unknown or broken name: validation names it and the fix
         return changes
-    if probe_single_forwarder(backend_cls):
+    if requires_single_forwarder(backend_cls):
         reason = f"backend {name!r} owns its parallelism: one CPU forwarder (its devices: remote_backend.{name}.*)"
         require("trainer.n_gpus_per_node", 1, reason)
         require("trainer.nnodes", 1, reason)

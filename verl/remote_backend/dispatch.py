@@ -1,24 +1,10 @@
-"""Dispatch/collect of the forwarder's data-path methods: one ``ray.put`` per chunk, no copies.
+"""Dispatch/collect for the forwarder's data-path methods: verl's semantics without the batch copies.
 
-verl's ``make_nd_compute_dataproto_dispatch_fn`` chunks every ``TensorDict``
-(an ``unbind`` + re-nest of each nested tensor and a ``consolidate`` copy of
-the whole batch - even for a single chunk), ``ray.put``\\ s the chunks, and on
-the way back concatenates outputs (another ``unbind`` + re-nest) - even for a
-single output. On a remote-backend run the forwarder group usually has one
-worker and the forwarder itself rarely reads the batch, so this module keeps
-verl's semantics (same meshes, same dp-rank mapping, same collect mask) and
-drops the copies:
-
-* dispatch: a single-rank mesh gets the ``TensorDict`` as is (no chunking);
-  each chunk is ``ray.put`` once, its tensors as numpy buffers
-  (:func:`~.wire.to_wire`), and sent as a :class:`~.batch_ref.BatchRef`
-  (reference + offsets + scalar fields), so the forwarder's process never
-  deserialises a batch its backend hands on by reference;
-* collect: a single collected output is returned as is; several are
-  concatenated with verl's own ``concat``.
-
-Non-``TensorDict`` arguments (e.g. a ``DataProto`` from a legacy caller) fall
-back to verl's own dispatch/collect.
+verl's nd-compute dispatch chunks, consolidates and re-nests every ``TensorDict`` (even into a
+single chunk) and concatenates outputs on the way back (even a single one). A remote-backend
+forwarder group usually has one worker that rarely reads the batch, so this module keeps verl's
+meshes, dp-rank mapping and collect mask but puts each chunk in Ray's object store once and
+sends a :class:`~.batch_ref.BatchRef` in its place.
 """
 
 from __future__ import annotations
@@ -50,7 +36,12 @@ def _chunks(data: TensorDict, dp_size: int) -> list[TensorDict]:
 
 
 def dispatch_by_reference(mesh_name: str, worker_group: Any, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
-    """verl's nd-compute dispatch for ``mesh_name``, sending :class:`BatchRef`\\ s instead of batches."""
+    """verl's nd-compute dispatch for ``mesh_name``, sending :class:`BatchRef`\\ s instead of batches.
+
+    A single-rank mesh gets the whole batch unchunked; each chunk is ``ray.put`` once, its tensors
+    as numpy buffers (:func:`~.wire.to_wire`). Arguments that are not all ``TensorDict`` (e.g. a
+    legacy ``DataProto``) go through verl's own dispatch.
+    """
     values = list(args) + list(kwargs.values())
     if not values or not all(isinstance(v, TensorDict) for v in values):
         from verl.single_controller.base.decorator import dispatch_lazy_compute_data_proto
@@ -70,7 +61,8 @@ def dispatch_by_reference(mesh_name: str, worker_group: Any, *args: Any, **kwarg
 
 
 def collect_outputs(mesh_name: str, worker_group: Any, output: list) -> Any:
-    """verl's nd-compute collect for ``mesh_name``; a single collected output is returned untouched."""
+    """verl's nd-compute collect for ``mesh_name``; a single collected output is returned untouched,
+    several are concatenated by verl's own collect."""
     from verl.single_controller.base.decorator import collect_lazy_compute_data_proto
 
     if mesh_name not in worker_group._collect_info:

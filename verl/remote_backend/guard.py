@@ -1,27 +1,10 @@
 """``BackendGuard``: every backend call under a time limit, a liveness watchdog and the retry policy.
 
-Used by the forwarder worker and the rollout server (async ops) and by the
-trainer (:func:`run_with_timeout` for the synchronous create/destroy). The
-guard knows nothing about Ray or HTTP: it relies on two *optional*
-capabilities a backend may implement, detected by name:
-
-* ``async health() -> None`` - returns when the engine answers, raises when it
-  does not. Enables the watchdog (probes while calls are in flight) and the
-  death diagnosis after a failed call.
-* ``log_location() -> str`` - where the engine's logs are, quoted in
-  :class:`~verl.remote_backend.reliability.BackendDiedError`.
-
-Contract of :meth:`BackendGuard.call`:
-
-* it returns the op's result, or raises within the op's limit
-  (``remote_backend.timeouts.<op>``) plus at most one health probe;
-* a backend found dead (a Ray actor-death error, a failed call followed by a
-  failed health probe, or ``liveness.failures`` failed probes while calls run)
-  fails every in-flight and later call with ``BackendDiedError`` at once;
-* only idempotent ops are re-sent, after transport errors, with backoff
-  (:func:`~verl.remote_backend.reliability.is_retryable`);
-* the backend's own input/config errors (``ValueError``, ``TypeError``,
-  ``KeyError``) pass through unchanged.
+Used by the forwarder and the rollout server (async ops) and by the trainer
+(:func:`run_with_timeout` for create/destroy). It knows nothing of Ray or HTTP: liveness uses
+the backend's optional ``health()`` / ``log_location()`` (see :mod:`.base`). A dead backend
+fails every in-flight and later call at once; only idempotent ops are re-sent, after
+transport errors; the backend's own input errors pass through unchanged.
 """
 
 from __future__ import annotations
@@ -34,11 +17,9 @@ import random
 import threading
 from typing import Any, Awaitable, Callable, Optional, TypeVar
 
+from verl.remote_backend.base import log_location, supports_health
+from verl.remote_backend.errors import BackendDiedError, BackendStoppedError, BackendTimeoutError
 from verl.remote_backend.reliability import (
-    BackendDiedError,
-    BackendError,
-    BackendStoppedError,
-    BackendTimeoutError,
     ReliabilitySettings,
     is_death_error,
     is_retryable,
@@ -46,7 +27,7 @@ from verl.remote_backend.reliability import (
     timeout_key,
 )
 
-__all__ = ["BackendGuard", "run_with_timeout", "supports_health", "log_location"]
+__all__ = ["BackendGuard", "run_with_timeout"]
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))
@@ -59,29 +40,13 @@ _INPUT_ERRORS = (ValueError, TypeError, KeyError, NotImplementedError)
 _CAUSE_CHARS = 400
 
 
-def supports_health(backend: Any) -> bool:
-    """True when ``backend`` implements the optional ``async health()``."""
-    return inspect.iscoroutinefunction(getattr(backend, "health", None))
-
-
-def log_location(backend: Any) -> str:
-    """The backend's ``log_location()``, or a note that it reports none."""
-    fn = getattr(backend, "log_location", None)
-    if callable(fn):
-        try:
-            return str(fn())
-        except Exception as exc:  # noqa: BLE001 - a failing hint must not mask the death
-            return f"unknown (log_location() failed: {exc})"
-    return f"not reported ({type(backend).__name__} has no log_location())"
-
-
 def _short(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}".strip()
     return text if len(text) <= _CAUSE_CHARS else text[:_CAUSE_CHARS] + " ..."
 
 
 class BackendGuard:
-    """Wraps one backend client (see module docstring for the contract).
+    """Wraps one backend client; every call of the forwarder or rollout server goes through it.
 
     Args:
         backend: the (re-attached) backend client.
@@ -113,15 +78,21 @@ class BackendGuard:
 
     # ------------------------------------------------------------ calls
     async def call(self, op: str, factory: Callable[[], Awaitable[T]]) -> T:
-        """Run ``await factory()`` as backend op ``op`` under the guard's rules."""
+        """``await factory()`` as backend op ``op``: returns its result, or raises within the op's
+        limit (``remote_backend.timeouts.<op>``) plus at most one health probe.
+
+        A backend found dead (a Ray actor-death error, a failed call followed by a failed probe,
+        or ``liveness.failures`` failed probes while calls run) fails this and every later call
+        with :class:`BackendDiedError` at once. Only idempotent ops are re-sent, after transport
+        errors, with backoff (``is_retryable``); the backend's own input errors pass through."""
         delays = self.settings.retry.delays(self._rng)
         while True:
             if self._dead is not None:
                 raise self._died(op, f"it was found dead earlier ({self._dead.args[0][:_CAUSE_CHARS]})")
             try:
                 return await self._once(op, factory)
-            except (BackendError, asyncio.CancelledError):
-                raise
+            except (BackendTimeoutError, BackendDiedError, asyncio.CancelledError):
+                raise  # the guard's own verdicts (an adapter's BackendError is retried or diagnosed like any error)
             except Exception as exc:
                 if is_retryable(op, exc):
                     delay = next(delays, None)
@@ -233,10 +204,8 @@ def _abandon(task: asyncio.Future) -> None:
 
 
 def run_with_timeout(fn: Callable[[], Any], *, op: str, backend: str, limit_s: Optional[float]) -> Any:
-    """Call a synchronous backend op (``from_config``, ``destroy``) within ``limit_s``.
-
-    An awaitable result (an ``async def destroy``) is awaited on the same
-    worker thread. On timeout the thread is abandoned (it is a daemon) and
+    """Call a backend op from synchronous code (``from_config``, ``destroy_backend``) within
+    ``limit_s``. An awaitable result is awaited on the same worker thread. On timeout the thread is abandoned (it is a daemon) and
     :class:`BackendTimeoutError` names the op, the backend and the key.
     """
 

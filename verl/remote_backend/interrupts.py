@@ -1,14 +1,9 @@
 """Ctrl-C: the run stops within seconds, tears the backend down and says how to resume.
 
-Ray blocks SIGINT in its worker processes, so a Ctrl-C reaches only the driver, whose
-``ray.get`` raises ``KeyboardInterrupt`` while the task runner (and the backend it owns) keeps
-going until Ray is shut down under it. Instead:
-
-* the task runner accepts SIGINT in its main thread (:func:`sigint_raises_keyboard_interrupt`):
-  the trainer's teardown runs and the run ends with :class:`RunInterruptedError` (step reached);
-* the driver starts the runner through :class:`RunnerLauncher`, which remembers the runner's
-  process and its ``run`` call; on ``KeyboardInterrupt`` it forwards SIGINT to the runner and
-  waits (bounded) for that teardown, then prints :func:`interrupt_report` and exits with 130.
+Ray blocks SIGINT in its worker processes, so a Ctrl-C reaches only the driver, while the task
+runner (and the backend it owns) would keep going until Ray shuts down under it. This module
+carries the interrupt to the runner, lets its teardown run and destroy the backend, and gives
+the driver what it prints before exiting with 130 (step reached, last checkpoint, resume command).
 """
 
 from __future__ import annotations
@@ -23,9 +18,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from verl.remote_backend.errors import RunInterruptedError
+
 __all__ = [
     "EXIT_CODE_INTERRUPTED",
-    "RunInterruptedError",
     "RunnerLauncher",
     "interrupt_report",
     "raise_if_interrupted",
@@ -35,22 +31,6 @@ __all__ = [
 
 #: The shell's code for "ended by SIGINT" (128 + 2).
 EXIT_CODE_INTERRUPTED = 130
-
-
-class RunInterruptedError(Exception):
-    """The run was interrupted (Ctrl-C) and torn down; raised by the task runner.
-
-    Attributes: ``step`` - the last step that finished (``None`` before training started);
-    ``backend_destroyed`` - whether the backend's teardown completed.
-    """
-
-    def __init__(self, step: Optional[int] = None, backend_destroyed: bool = False) -> None:
-        super().__init__(f"interrupted after step {step}; backend destroyed: {backend_destroyed}")
-        self.step = step
-        self.backend_destroyed = backend_destroyed
-
-    def __reduce__(self):  # keep the attributes across Ray's pickling
-        return (type(self), (self.step, self.backend_destroyed))
 
 
 @contextlib.contextmanager

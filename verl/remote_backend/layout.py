@@ -1,38 +1,27 @@
-"""Packed (nested-jagged) <-> padded dense token layouts, without per-row Python loops.
+"""Token layouts: packed (nested-jagged) <-> padded dense, without per-row Python loops.
 
-Pure torch, no Ray. A batch of ``B`` rows is *packed* when its ``T = sum(L_i)``
-tokens are stored back to back (an NJT's ``values()``, row ``i`` starting at
-``offsets[i]``), and *padded* when it is a dense ``[B, W]`` tensor in which row
-``i``'s tokens occupy the contiguous columns ``[starts[i], starts[i] + L_i)``:
-
-* ``starts = 0`` - right padding (what a model forward pads to);
-* ``starts = P - prompt_len`` - verl's/Arctic's left/right padding, where the
-  prompt is left-padded to width ``P`` and the response right-padded after it
-  (the real tokens of a row are one contiguous run ending at the response's end).
-
-Why not ``dense[mask] = values`` / ``dense[mask]``: boolean indexing first
-materialises ``mask.nonzero()`` (an int64 index per token) and then scatters one
-element at a time, and ``torch.nested.to_padded_tensor`` on a CPU jagged tensor
-takes seconds at B=1024. Here every row is a contiguous run, so:
-
-* packed -> padded reads ``B`` overlapping windows of one padded copy of the
-  values (``unfold`` + ``index_select``: a row-wise memcpy), then blanks the
-  columns outside each run;
-* padded -> packed gathers with one flat index (``arange(T)`` plus a per-row
-  shift), i.e. a single ``index_select``.
-
-:func:`contiguous_rows` derives ``starts``/``lengths`` from an attention mask and
-tells whether every row's ones are one run (else callers fall back to boolean
-indexing).
+Packed = a batch's ``T = sum(L_i)`` tokens back to back (an NJT's ``values()``); padded = a
+dense ``[B, W]`` tensor where row ``i``'s tokens are one contiguous run of columns starting
+at ``starts[i]`` (0 for right padding; verl's left-padded prompt + right-padded response
+otherwise). Conversions use one windowed copy or one flat gather instead of boolean-mask
+indexing, which materialises an index per token and scatters element by element.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
-__all__ = ["offsets_from_lengths", "contiguous_rows", "packed_to_padded", "padded_to_packed", "packed_index"]
+__all__ = [
+    "offsets_from_lengths",
+    "contiguous_rows",
+    "packed_to_padded",
+    "padded_to_packed",
+    "packed_index",
+    "sequence_lengths",
+    "packed_to_nested",
+]
 
 
 def offsets_from_lengths(lengths: torch.Tensor) -> torch.Tensor:
@@ -153,3 +142,54 @@ def padded_to_packed(dense: torch.Tensor, offsets: torch.Tensor, *, starts: Opti
     batch, width = dense.shape[:2]
     index = packed_index(offsets, starts, width)
     return dense.reshape(batch * width, *dense.shape[2:]).index_select(0, index)
+
+
+def sequence_lengths(nested: torch.Tensor) -> torch.Tensor:
+    """Per-row lengths ``[B]`` (int64) of a jagged nested tensor."""
+    if not (isinstance(nested, torch.Tensor) and nested.is_nested and nested.layout == torch.jagged):
+        raise TypeError(f"expected a nested tensor with layout=torch.jagged, got {_describe(nested)}")
+    return nested.offsets().diff().to(torch.int64)
+
+
+def packed_to_nested(values: torch.Tensor, like: torch.Tensor, *, key: str = "output") -> torch.Tensor:
+    """Rebuild a per-token output as a jagged tensor shaped like ``like``.
+
+    Args:
+        values: packed ``[T]`` tensor in the order of ``like.values()``, or a
+            jagged tensor with the same row lengths as ``like``.
+        like: the batch's nested ``input_ids`` (``T = like.values().shape[0]``).
+        key: name used in error messages.
+
+    Returns:
+        A float32 jagged tensor sharing ``like``'s offsets (no per-row loop).
+
+    Raises:
+        ValueError / TypeError: wrong type, rank or token count.
+    """
+    offsets = like.offsets()
+    total = int(like.values().shape[0])
+    if not isinstance(values, torch.Tensor):
+        raise TypeError(f"{key}: expected a torch.Tensor of shape [{total}], got {_describe(values)}")
+    if values.is_nested:
+        got = values.offsets().diff().to(torch.int64)
+        want = offsets.diff().to(torch.int64)
+        if got.shape != want.shape or not torch.equal(got.cpu(), want.cpu()):
+            raise ValueError(f"{key}: nested output row lengths {got.tolist()} differ from the batch's {want.tolist()}")
+        values = values.values()
+    if values.dim() != 1 or int(values.shape[0]) != total:
+        raise ValueError(
+            f"{key}: expected packed shape [{total}] (one value per token of the batch), got {list(values.shape)}"
+        )
+    if not values.is_floating_point():
+        raise TypeError(f"{key}: expected a floating-point tensor, got dtype {values.dtype}")
+    # Own copy of the offsets: ``like``'s are often a view into the whole received batch's
+    # storage, which pickling the output would otherwise ship back to the driver.
+    return torch.nested.nested_tensor_from_jagged(
+        values.detach().to(torch.float32).contiguous().cpu(), offsets=offsets.to(torch.int64).clone()
+    )
+
+
+def _describe(obj: Any) -> str:
+    if isinstance(obj, torch.Tensor):
+        return f"Tensor(shape={list(obj.shape) if not obj.is_nested else 'nested'}, dtype={obj.dtype})"
+    return type(obj).__name__

@@ -1,22 +1,10 @@
 """Entry point: ``python -m verl.remote_backend.main_ppo [hydra overrides]``.
 
-Composes verl's own ``ppo_trainer`` config plus this project's keys
-(``config/remote_ppo_trainer.yaml``) and then:
-
-* ``trainer.remote_backend=null`` (default): calls verl's ``run_ppo(config)`` -
-  verl's TaskRunner and ``RayPPOTrainer``, exactly as
-  ``python -m verl.trainer.main_ppo`` would;
-* ``trainer.remote_backend=<name>``: derives the keys that have one valid value on the
-  remote path (``derived_settings.py``, printed in one line), validates the config on the driver
-  (before Ray starts), gives Ray enough logical CPUs when
-  ``ray_kwargs.ray_init.num_cpus`` is null, seeds every rollout sample from
-  its identity (``remote_rollout/seeding.py``) and calls verl's ``run_ppo`` with
-  :class:`~verl.remote_backend.task_runner.RemoteBackendTaskRunner`. Ctrl-C tears the run
-  down and exits with 130 (``interrupts.py``); a killed driver leaves nothing running
-  (``reaper.py``).
-
-``main()`` is the hydra-decorated console entry; :func:`run` takes an already
-composed config (tests, notebooks, other launchers).
+It composes verl's own ``ppo_trainer`` config plus this project's keys
+(``config/remote_ppo_trainer.yaml``) and runs verl's ``run_ppo``: unchanged when
+``trainer.remote_backend`` is null, with the remote-backend task runner otherwise. It exists so
+one command line switches a verl run onto a remote backend, and so a run on that path ends
+cleanly (Ctrl-C, a killed driver) and reports its failures plainly.
 """
 
 from __future__ import annotations
@@ -30,12 +18,8 @@ import hydra
 
 from verl.remote_backend.derived_settings import derive_remote_settings, describe, explicit_override_keys
 from verl.remote_backend.failure_report import failure_report, root_cause
-from verl.remote_backend.interrupts import (
-    EXIT_CODE_INTERRUPTED,
-    RunInterruptedError,
-    RunnerLauncher,
-    interrupt_report,
-)
+from verl.remote_backend.errors import RunInterruptedError
+from verl.remote_backend.interrupts import EXIT_CODE_INTERRUPTED, RunnerLauncher, interrupt_report
 from verl.remote_backend.reaper import start_reaper
 from verl.remote_backend.validation import backend_name, required_ray_cpus, validate_remote_backend_config
 
@@ -77,7 +61,14 @@ def _seed_each_sample(config: Any) -> None:
 
 
 def run(config: Any, explicit_keys: Optional[Collection[str]] = None) -> None:
-    """Run PPO/GRPO for a composed config (see module docstring).
+    """Run PPO/GRPO for a composed config.
+
+    ``trainer.remote_backend=null``: verl's ``run_ppo(config)``, as ``verl.trainer.main_ppo`` runs it.
+    Otherwise: derive the keys with one valid value on the remote path and print them in one line,
+    validate on the driver before Ray starts, fill a null ``ray_init.num_cpus``, seed every rollout
+    sample from its identity, start the reaper, and run verl's ``run_ppo`` with
+    :class:`~verl.remote_backend.task_runner.RemoteBackendTaskRunner`. Ctrl-C tears the backend
+    down, prints how to resume and exits with 130.
 
     ``explicit_keys``: the keys the user set (Hydra overrides); with a remote backend, keys with
     one valid value are derived (``derived_settings.py``) unless set explicitly to a value that

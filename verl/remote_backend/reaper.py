@@ -1,14 +1,10 @@
 """Stops what a run started when its driver dies without cleaning up (SIGKILL, the OOM killer).
 
-When the driver started its own Ray cluster, Ray's fate sharing ends the raylet, the GCS and
-the job's workers with the driver, but not the raylet's dashboard and runtime-env agents
-(measured here with Ray 2.5x: still alive 55 s after ``kill -9`` of the driver), nor a process
-that a worker started in a session of its own (the launched Arctic server). The reaper is a
-small process of its own session, started by the driver: once a second it records the driver's
-descendants; when the driver is gone it sends SIGTERM to every recorded process still alive and
-SIGKILL 5 s later. On a clean exit it finds nothing left to stop.
-
-``python <this file> <driver pid>`` (stdlib and psutil only); the driver calls :func:`start_reaper`.
+Ray's fate sharing ends the raylet, the GCS and the job's workers with a driver that started its
+own cluster, but not the raylet's dashboard and runtime-env agents, nor a process a worker
+started in a session of its own (the launched Arctic server). The reaper is a small process in
+its own session that the driver starts; it outlives the driver and stops those leftovers.
+Run as ``python <this file> <driver pid>``: stdlib and psutil only, no verl import.
 """
 
 from __future__ import annotations
@@ -39,6 +35,9 @@ def start_reaper() -> subprocess.Popen:
 
 def reap_after(driver_pid: int, *, poll_s: float = POLL_S, grace_s: float = GRACE_S) -> list[int]:
     """Record ``driver_pid``'s descendants until it exits, then stop the survivors.
+
+    Descendants are recorded every ``poll_s`` seconds; once the driver is gone each survivor
+    gets SIGTERM, and SIGKILL ``grace_s`` seconds later.
 
     Returns the pids that were still running when the driver had gone (and were stopped).
     Processes are tracked as ``psutil.Process`` objects, so a recycled pid is never signalled.

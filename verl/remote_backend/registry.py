@@ -1,18 +1,9 @@
 """Name -> backend class registry, imported lazily.
 
-Three ways a backend becomes known, in the order ``get`` tries them:
-
-1. ``@RemoteBackendRegistry.register("name")`` on a class whose module has
-   already been imported (e.g. through verl's ``VERL_USE_EXTERNAL_MODULES``
-   hook, which imports listed modules in every process that imports verl);
-2. ``RemoteBackendRegistry.MODULES["name"] = "dotted.module"``: the module is
-   imported on first ``get`` and must register the class under that name;
-3. an installed distribution advertising an entry point in the
-   ``verl.remote_backends`` group: ``name = "pkg.module:Class"`` (or just
-   ``"pkg.module"`` when the module registers itself).
-
-Nothing is imported before a backend is asked for, so importing
-``verl.remote_backend`` never pulls in arctic-platform, deepspeed or vllm.
+``trainer.remote_backend`` names a backend; this module turns that name into a ``RemoteBackend``
+subclass, from a registered class, a built-in module, ``VERL_USE_EXTERNAL_MODULES`` or an
+installed distribution's entry point. Nothing is imported before a backend is asked for, so
+importing ``verl.remote_backend`` never pulls in arctic-platform, deepspeed or vllm.
 """
 
 from __future__ import annotations
@@ -21,30 +12,20 @@ import importlib
 import importlib.metadata
 import os
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from verl.remote_backend.base import RemoteBackend
+from verl.remote_backend.errors import BackendImportError, UnknownBackendError
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-__all__ = ["RemoteBackendRegistry", "UnknownBackendError", "BackendImportError", "ENTRY_POINT_GROUP"]
+__all__ = ["RemoteBackendRegistry", "ENTRY_POINT_GROUP"]
 
 ENTRY_POINT_GROUP = "verl.remote_backends"
 _EXTERNAL_MODULES_ENV = "VERL_USE_EXTERNAL_MODULES"
 
 B = TypeVar("B", bound=type[RemoteBackend])
-
-
-class UnknownBackendError(KeyError):
-    """No backend is registered under the requested name."""
-
-    def __str__(self) -> str:  # KeyError would repr() the message
-        return str(self.args[0])
-
-
-class BackendImportError(ImportError):
-    """The module that provides a backend could not be imported."""
 
 
 class RemoteBackendRegistry:
@@ -110,6 +91,12 @@ class RemoteBackendRegistry:
     @classmethod
     def get(cls, name: str) -> type[RemoteBackend]:
         """Return the class registered as ``name``, importing its module if needed.
+
+        Tried in order: a class already registered with :meth:`register`; the modules listed in
+        ``VERL_USE_EXTERNAL_MODULES`` (imported, then looked up again); the built-in
+        :attr:`MODULES` entry, whose module must register ``name``; an entry point ``name`` in
+        the ``verl.remote_backends`` group (``"pkg.module:Class"``, or ``"pkg.module"`` when the
+        module registers itself).
 
         Raises:
             UnknownBackendError: nothing provides ``name`` (lists the known names).
@@ -192,8 +179,3 @@ def _import_external_modules() -> None:
             raise BackendImportError(
                 f"{_EXTERNAL_MODULES_ENV} lists {module!r}, which failed to import: {type(exc).__name__}: {exc}"
             ) from exc
-
-
-def resolve_optional(name: Optional[str]) -> Optional[type[RemoteBackend]]:
-    """``None`` for ``trainer.remote_backend=null``; else ``RemoteBackendRegistry.get(name)``."""
-    return None if name in (None, "", "null", "None") else RemoteBackendRegistry.get(name)

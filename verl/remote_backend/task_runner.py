@@ -1,12 +1,10 @@
 """verl's ``TaskRunner`` with the remote-backend trainer, forwarders and CPU pools.
 
-verl's ``TaskRunner.run`` (the Ray actor that builds datasets, tokenizer and
-trainer) instantiates ``RayPPOTrainer`` by its module-global name and offers no
-hook for another class. Rather than copy ``run``, this subclass overrides the
-small ``add_*``/``init_*`` hooks it does offer and, for the duration of
-``run`` only, points that module global at :class:`RemoteBackendTrainer`. The
-runner is a dedicated Ray actor process, so the substitution is invisible to
-anything else.
+verl's ``TaskRunner.run`` (the Ray actor that builds datasets, tokenizer and trainer) creates
+``RayPPOTrainer`` by its module-global name and offers no hook for another class. Rather than
+copy ``run``, this subclass overrides the ``add_*``/``init_*`` hooks it does offer and points
+that global at :class:`RemoteBackendTrainer` while ``run`` lasts; the runner is a Ray actor
+process of its own, so nothing else sees the substitution.
 """
 
 from __future__ import annotations
@@ -19,7 +17,8 @@ from typing import Any
 import ray
 
 from verl.remote_backend.cpu_compat import install_flash_attn_fallback
-from verl.remote_backend.interrupts import RunInterruptedError, sigint_raises_keyboard_interrupt
+from verl.remote_backend.errors import RunInterruptedError
+from verl.remote_backend.interrupts import sigint_raises_keyboard_interrupt
 from verl.remote_backend.trainer import CPUResourcePoolManager, RemoteBackendTrainer, forwarder_role
 from verl.trainer.main_ppo import TaskRunner
 

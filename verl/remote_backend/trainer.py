@@ -1,27 +1,10 @@
 """``RemoteBackendTrainer``: verl's ``RayPPOTrainer`` with the compute in a remote backend.
 
-Everything algorithmic stays verl's (data, rewards, advantages, the fit loop,
-checkpoint schedule, metrics). What changes:
-
-1. **Validation first** - the constructor runs
-   :func:`~verl.remote_backend.validation.validate_remote_backend_config`
-   before the parent builds anything.
-2. **CPU-only pools** - :class:`CPUResourcePoolManager` reserves one logical
-   CPU per forwarder and no GPU; ``get_n_gpus()`` reports the forwarder count
-   (>= 1) so verl's throughput metrics stay finite.
-3. **Forwarders** - the actor role runs :class:`~verl.remote_backend.worker.RemoteBackendWorker`.
-4. **One backend** - ``init_workers`` creates it on the driver
-   (``RemoteBackendRegistry.create``), registers the rollout replica bound to
-   its ``reconnect_handle()``, lets verl build workers, replicas and the agent
-   loop, then attaches the forwarders to the same handle.
-5. **Always torn down** - the backend is destroyed in a ``finally`` after
-   ``fit()`` (also when it raises) and when ``init_workers`` fails.
-6. **Bounded** - creating and destroying the backend run under
-   ``remote_backend.timeouts.{create,destroy}`` (see :mod:`verl.remote_backend.guard`).
-7. **Overhead metrics** - the driver times the step's forwarded calls and logs
-   ``perf/remote/{wall_s,forwarder_s,compute_s,overhead_s,overhead_frac}``
-   (:func:`~verl.remote_backend.worker_utils.remote_overhead_metrics`): how much
-   of that time the backend spent computing and how much the plugin added.
+The algorithm stays verl's. This subclass validates the config first, reserves CPU-only
+pools for the forwarders, creates the one backend on the driver (bounded by
+``remote_backend.timeouts.create``) and attaches forwarders and rollout replicas to its
+handle, destroys it after ``fit()`` whatever happens, and logs ``perf/remote/*``: how much
+of the forwarded calls' wall time the backend computed and how much the plugin added.
 """
 
 from __future__ import annotations
@@ -34,15 +17,16 @@ from typing import Any, Optional
 
 import ray
 
-from verl.remote_backend.base import RemoteBackend
+from verl.remote_backend.base import RemoteBackend, destroy_backend
 from verl.remote_backend.cpu_compat import install_flash_attn_fallback
 from verl.remote_backend.guard import run_with_timeout
-from verl.remote_backend.interrupts import RunInterruptedError, raise_if_interrupted
+from verl.remote_backend.errors import RunInterruptedError
+from verl.remote_backend.interrupts import raise_if_interrupted
 from verl.remote_backend.registry import RemoteBackendRegistry
-from verl.remote_backend.reliability import BackendTimeoutError, ReliabilitySettings
+from verl.remote_backend.errors import BackendTimeoutError
+from verl.remote_backend.reliability import ReliabilitySettings
 from verl.remote_backend.validation import (
     RemoteRunPlan,
-    check_single_forwarder,
     validate_remote_backend_config,
 )
 from verl.single_controller.ray import RayResourcePool, ResourcePoolManager
@@ -150,7 +134,6 @@ class RemoteBackendTrainer(RayPPOTrainer):
                 backend=self.plan.name,
                 limit_s=ReliabilitySettings.from_main_config(self.config).timeouts.create,
             )
-            check_single_forwarder(self.plan.name, bool(self.backend.requires_single_forwarder()), self.config)
             self._handle = self.backend.reconnect_handle()
             # The AgentLoopManager is built in this process; bind its replica class to our handle.
             register_remote_replica(self.config.actor_rollout_ref.rollout.name, self.config, self._handle)
@@ -180,7 +163,7 @@ class RemoteBackendTrainer(RayPPOTrainer):
             self._forwarded_wall_s += time.perf_counter() - start
 
     def _update_actor(self, batch: Any) -> Any:
-        from verl.remote_backend.worker_utils import remote_overhead_metrics
+        from verl.remote_backend.step_timing import remote_overhead_metrics
 
         raise_if_interrupted()
         start = time.perf_counter()
@@ -232,9 +215,9 @@ class RemoteBackendTrainer(RayPPOTrainer):
             except Exception as exc:  # noqa: BLE001
                 logger.warning("Detaching from the backend did not finish cleanly: %s", exc)
         try:
-            # Bounded by remote_backend.timeouts.destroy; a sync or async destroy() alike.
+            # Bounded by remote_backend.timeouts.destroy.
             run_with_timeout(
-                backend.destroy,
+                lambda: destroy_backend(backend),
                 op="destroy",
                 backend=self.plan.name,
                 limit_s=ReliabilitySettings.from_main_config(self.config).timeouts.destroy,

@@ -1,54 +1,53 @@
-"""One place that decides whether a composed config can run on a remote backend.
+"""Whether a composed config can run on a remote backend: one small function per rule.
 
-:func:`validate_remote_backend_config` is called by the entry point on the Ray
-driver *before* ``ray.init`` and again by :class:`RemoteBackendTrainer` before
-it creates the backend, so a bad setting fails in seconds, before any worker,
-placement group or engine starts. Every error is a :class:`RemoteBackendConfigError`
-whose message names the offending setting, its value and the fix.
-
-The checks are pure functions of the config (plus, for resume, a look at the
-checkpoint directory); none imports Ray or starts anything. Extend this module
-(not the trainer) when a new rule is needed.
+:func:`validate_remote_backend_config` runs the rules in order on the Ray driver, before
+``ray.init`` (entry point) and again before the trainer creates the backend, so a bad
+setting fails in seconds. Each rule is a pure function of the config (the resume rule also
+looks at the checkpoint) raising :class:`ConfigError` naming the setting, its value and
+the fix. Add a rule here (not in the trainer) and call it from the runner.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
-from verl.remote_backend.base import RemoteBackend, backend_checkpoint_problem, check_backend_config, supports_resume
-from verl.remote_backend.checkpoints import checkpoint_problem, resume_failure, step_of, tracker_target_problem
-from verl.remote_backend.data_checks import DataFileError, check_data_files
+from verl.remote_backend.base import RemoteBackend, requires_single_forwarder, supports_resume
+from verl.remote_backend.checkpoints import check_resume_checkpoint, select_resume_checkpoint
+from verl.remote_backend.data_checks import check_data_files
+from verl.remote_backend.errors import ConfigError
 from verl.remote_backend.registry import RemoteBackendRegistry
 from verl.remote_backend.reliability import ReliabilitySettings
+from verl.remote_backend.settings import select
+from verl.remote_backend.verl_settings import local_model_dir
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
 __all__ = [
-    "RemoteBackendConfigError",
     "RemoteRunPlan",
     "backend_name",
     "validate_remote_backend_config",
     "required_ray_cpus",
+    "check_single_forwarder",
     "REMOTE_ROLLOUT_NAME",
+    "RESERVED_BLOCKS",
 ]
 
 #: Rollout name of the replica that forwards ``generate`` to a remote backend.
 REMOTE_ROLLOUT_NAME = "remote"
+#: Keys of the shared ``remote_backend`` block that are not backends.
+RESERVED_BLOCKS = ("timeouts", "liveness", "retry")
 
 # Logical Ray CPUs the runner itself holds (verl's TaskRunner asks for one).
 _RUNNER_CPUS = 1
 # Logical CPUs each forwarder's placement-group bundle reserves (see CPUResourcePoolManager).
 FORWARDER_CPUS = 1
 
-
-class RemoteBackendConfigError(ValueError):
-    """A setting that cannot work with ``trainer.remote_backend``; the message names it and the fix."""
+_fail = ConfigError.for_setting
 
 
 @dataclass(frozen=True)
@@ -62,10 +61,59 @@ class RemoteRunPlan:
     resume_from: Optional[str]
 
 
+def validate_remote_backend_config(
+    config: "DictConfig", *, check_resume: bool = True, scan_files: bool = True
+) -> Optional[RemoteRunPlan]:
+    """Check every rule a remote-backend run depends on, in order; return the resolved plan.
+
+    Returns ``None`` when ``trainer.remote_backend`` is null (verl's own path, nothing to
+    check). ``check_resume=False`` skips the resume rule; ``scan_files=False`` skips the
+    rules that read whole files (the data files' prompts, the backend's check of its
+    checkpoint files): the trainer re-validates with it, after the entry point's full pass.
+
+    Raises:
+        ConfigError: the first violated rule.
+        ResumeCheckpointError: the checkpoint to resume from is missing or partial.
+        UnknownBackendError, BackendImportError: from the registry (the latter
+            with the install command of a backend's optional dependency).
+    """
+    name = backend_name(config)
+    if name is None:
+        return None
+    check_backend_name(name)
+    backend_cls = RemoteBackendRegistry.get(name)
+    check_worker_impl(config)
+    check_trainer_device(config, name)
+    check_rollout_name(config, name)
+    check_forwarder_count(config)
+    num_replicas = check_rollout_replicas(config)
+    check_batch_sizes(config)
+    if requires_single_forwarder(backend_cls):
+        check_single_forwarder(name, True, config)
+    check_no_critic(config)
+    check_no_reward_model(config)
+    check_checkpoint_engine(config)
+    check_no_hdfs(config)
+    check_ray_cpus(config)
+    ReliabilitySettings.from_main_config(config)  # remote_backend.{timeouts, liveness, retry}
+    local_model = local_model_dir(config)
+    check_context(config, name, local_model)
+    if scan_files:
+        check_data_files(config, tokenizer=_length_tokenizer(config, local_model))
+    check_backend_rules(backend_cls, config)
+    resume_from = resume_checkpoint(config, name, backend_cls, verify_files=scan_files) if check_resume else None
+    return RemoteRunPlan(
+        backend_cls=backend_cls,
+        name=name,
+        num_forwarders=_num_forwarders(config),
+        num_replicas=num_replicas,
+        resume_from=resume_from,
+    )
+
+
 def backend_name(config: "DictConfig") -> Optional[str]:
     """``trainer.remote_backend``, or ``None`` when unset/null (verl's own path)."""
-    trainer = config.get("trainer") or {}
-    name = trainer.get("remote_backend") if hasattr(trainer, "get") else None
+    name = select(config, "trainer.remote_backend")
     if name in (None, "", "null", "None"):
         return None
     return str(name)
@@ -80,147 +128,89 @@ def _num_forwarders(config: "DictConfig") -> int:
     return int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
 
 
-def _fail(setting: str, value: Any, problem: str, fix: str) -> RemoteBackendConfigError:
-    return RemoteBackendConfigError(f"{setting}={value!r}: {problem}. Fix: {fix}")
+# ---------------------------------------------------------------- the rules, in the order they run
+def check_backend_name(name: str) -> None:
+    """``trainer.remote_backend`` must not name one of the shared (non-backend) blocks."""
+    if name in RESERVED_BLOCKS:
+        raise _fail(
+            "trainer.remote_backend",
+            name,
+            f"remote_backend.{name} holds the shared reliability settings, not a backend",
+            "name a registered backend (e.g. local or arctic)",
+        )
 
 
-def probe_single_forwarder(backend_cls: type[RemoteBackend]) -> Optional[bool]:
-    """``requires_single_forwarder()`` without creating the engine, or ``None`` if unknown.
-
-    The method is an instance method; for almost every backend it returns a
-    constant, so calling it on a bare, un-initialised instance answers the
-    question before anything starts. A backend whose answer depends on its
-    state raises here; the trainer then asks the real instance after creation.
-    """
-    try:
-        probe = object.__new__(backend_cls)
-        answer = backend_cls.requires_single_forwarder(probe)
-    except Exception:  # noqa: BLE001 - any failure just means "ask later"
-        return None
-    return bool(answer) if isinstance(answer, bool) else None
+def check_worker_impl(config: "DictConfig") -> None:
+    """Remote backends plug into verl's new worker path only."""
+    impl = config.trainer.get("use_legacy_worker_impl", "auto")
+    if impl != "disable":
+        raise _fail(
+            "trainer.use_legacy_worker_impl",
+            impl,
+            "remote backends plug into verl's new worker path (nested-jagged TensorDict batches) only",
+            "set trainer.use_legacy_worker_impl=disable",
+        )
 
 
-def check_single_forwarder(name: str, single: bool, config: "DictConfig") -> None:
-    """Raise when a backend that owns its parallelism would get more than one forwarder."""
-    n = _num_forwarders(config)
-    if single and n != 1:
+def check_trainer_device(config: "DictConfig", name: str) -> None:
+    """The verl side (driver and forwarders) runs on CPU; the backend owns the accelerators."""
+    device = config.trainer.get("device", "cuda")
+    if device != "cpu":
+        raise _fail(
+            "trainer.device",
+            device,
+            "the verl side of a remote-backend run (driver and forwarders) computes nothing on an accelerator",
+            f"set trainer.device=cpu; the backend's accelerators are configured under remote_backend.{name}.*",
+        )
+
+
+def check_rollout_name(config: "DictConfig", name: str) -> None:
+    """Generation goes through the backend's sampler (rollout ``remote`` or the backend's name)."""
+    rollout_name = config.actor_rollout_ref.rollout.get("name")
+    if rollout_name not in sorted({REMOTE_ROLLOUT_NAME, name}):
+        raise _fail(
+            "actor_rollout_ref.rollout.name",
+            rollout_name,
+            "generation must go through the backend's sampler",
+            f"set actor_rollout_ref.rollout.name={REMOTE_ROLLOUT_NAME}",
+        )
+
+
+def check_forwarder_count(config: "DictConfig") -> None:
+    """At least one forwarder worker (``n_gpus_per_node * nnodes`` of them)."""
+    n_fwd = _num_forwarders(config)
+    if n_fwd < 1:
         raise _fail(
             "trainer.n_gpus_per_node * trainer.nnodes",
-            f"{config.trainer.n_gpus_per_node} * {config.trainer.nnodes}",
-            f"backend {name!r} owns all of its parallelism and needs exactly one CPU forwarder, "
-            f"but this asks for {n}",
-            "set trainer.n_gpus_per_node=1 trainer.nnodes=1 (the backend's own GPUs are set under "
-            f"remote_backend.{name}.*)",
+            n_fwd,
+            "at least one forwarder worker is needed",
+            "set trainer.n_gpus_per_node=1 trainer.nnodes=1",
         )
 
 
-def _find_resume_checkpoint(config: "DictConfig") -> Optional[str]:
-    """The checkpoint folder verl's ``_load_checkpoint`` would load, or ``None``.
-
-    Raises ``ResumeCheckpointError`` when verl's tracker names a step whose folder
-    is gone: verl would then start from scratch without a word.
-    """
-    mode = config.trainer.get("resume_mode", "auto")
-    if mode == "disable":
-        return None
-    if mode == "resume_path":
-        return str(config.trainer.get("resume_from_path"))
-    from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
-
-    folder = config.trainer.default_local_dir
-    if not os.path.isabs(folder):
-        folder = os.path.join(os.getcwd(), folder)
-    missing = tracker_target_problem(folder)
-    if missing is not None:
-        raise resume_failure(os.path.join(folder, "global_step_<tracked>"), missing)
-    return find_latest_ckpt_path(folder)
-
-
-#: Keys of the shared ``remote_backend`` block that are not backends.
-RESERVED_BLOCKS = ("timeouts", "liveness", "retry")
-# "org/name" Hugging Face hub ids: the forwarder (and a server-side engine) may fetch these.
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-_REMOTE_PREFIXES = ("hdfs://", "s3://", "gs://", "http://", "https://")
-
-
-def _check_model_path(config: "DictConfig") -> Optional[str]:
-    """``actor_rollout_ref.model.path`` must be set and, when local, a model directory.
-
-    Returns the local directory (``None`` for a hub id or a remote URI, which are
-    fetched later)."""
-    raw = config.actor_rollout_ref.model.get("path")
-    setting = "actor_rollout_ref.model.path"
-    if raw is None or not str(raw).strip():
-        raise _fail(setting, raw, "no model is set", f"set {setting}=<Hugging Face model directory>")
-    path = str(raw).strip()
-    if path.startswith(_REMOTE_PREFIXES):
-        return None
-    local = os.path.abspath(os.path.expanduser(path))
-    if os.path.isdir(local):
-        if not os.path.isfile(os.path.join(local, "config.json")):
-            raise _fail(setting, path, "the directory has no config.json, so it is not a Hugging Face model",
-                        f"point {setting} at the folder holding the model's config.json")
-        return local
-    if _HUB_ID.match(path) and not os.path.exists(local):
-        return None  # e.g. Qwen/Qwen2.5-0.5B-Instruct
-    raise _fail(
-        setting,
-        path,
-        "no such model directory",
-        f"download the model first (e.g. `huggingface-cli download <repo> --local-dir <dir>`) and set {setting}=<dir>",
-    )
-
-
-def _model_context(local_model: Optional[str]) -> Optional[int]:
-    """``max_position_embeddings`` of a local model's config.json (top level or ``text_config``)."""
-    if local_model is None:
-        return None
-    try:
-        with open(os.path.join(local_model, "config.json")) as fh:
-            hf = json.load(fh)
-    except (OSError, ValueError):
-        return None
-    for node in (hf, hf.get("text_config") or {}):
-        value = node.get("max_position_embeddings") if isinstance(node, dict) else None
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
-
-
-def _check_context(config: "DictConfig", name: str, local_model: Optional[str]) -> None:
-    """Prompt + response must fit the model context (and the backend's/rollout's ``max_model_len``)."""
+def check_rollout_replicas(config: "DictConfig") -> int:
+    """verl's replica count (forwarders / rollout parallel size) must be a whole number >= 1; returns it."""
     rollout = config.actor_rollout_ref.rollout
-    limits = {}
-    model_ctx = _model_context(local_model)
-    if model_ctx is not None:
-        limits[f"the model's max_position_embeddings ({local_model}/config.json)"] = model_ctx
-    for key in ("actor_rollout_ref.rollout.max_model_len", f"remote_backend.{name}.max_model_len"):
-        from omegaconf import OmegaConf
-
-        value = OmegaConf.select(config, key, default=None)
-        if isinstance(value, int) and value > 0:
-            limits[key] = value
-    if not limits:
-        return
-    source, context = min(limits.items(), key=lambda item: item[1])
-    prompt, response = int(rollout.prompt_length), int(rollout.response_length)
-    if response > context:
+    n_fwd = _num_forwarders(config)
+    per_replica = (
+        int(rollout.tensor_model_parallel_size)
+        * int(rollout.get("data_parallel_size", 1))
+        * int(rollout.get("pipeline_model_parallel_size", 1))
+    )
+    num_replicas = n_fwd // per_replica
+    if num_replicas == 0 or n_fwd % per_replica:
         raise _fail(
-            "data.max_response_length",
-            response,
-            f"the response length is above the model context: {source} = {context}",
-            f"set data.max_response_length <= {context} (and data.max_prompt_length + it <= {context})",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size",
+            int(rollout.tensor_model_parallel_size),
+            f"verl builds (forwarders {n_fwd}) // (tensor * data * pipeline parallel size {per_replica}) = "
+            f"{num_replicas} rollout replicas{' (not a whole number)' if n_fwd % per_replica else ''}; "
+            "the backend parallelises sampling itself",
+            "set actor_rollout_ref.rollout.tensor_model_parallel_size=1 (and data/pipeline_model_parallel_size=1)",
         )
-    if prompt + response > context:
-        raise _fail(
-            "data.max_prompt_length + data.max_response_length",
-            f"{prompt} + {response}",
-            f"prompt + response ({prompt + response} tokens) exceed the model context: {source} = {context}",
-            f"lower data.max_prompt_length / data.max_response_length so they sum to <= {context}",
-        )
+    return num_replicas
 
 
-def _check_batch_sizes(config: "DictConfig") -> None:
+def check_batch_sizes(config: "DictConfig") -> None:
     """``rollout.n`` and the PPO batch-size divisibility rules, which verl itself checks only after a rollout."""
     actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
     n = int(rollout.get("n", 1))
@@ -248,112 +238,22 @@ def _check_batch_sizes(config: "DictConfig") -> None:
         )
 
 
-def _length_tokenizer(config: "DictConfig", local_model: Optional[str]) -> Any:
-    """The model's tokenizer when prompt lengths must be checked up front (filtering off), else ``None``."""
-    if local_model is None or bool(config.data.get("filter_overlong_prompts", True)):
-        return None
-    from transformers import AutoTokenizer
-
-    path = config.actor_rollout_ref.model.get("tokenizer_path") or local_model
-    try:
-        return AutoTokenizer.from_pretrained(path, trust_remote_code=bool(config.data.get("trust_remote_code", False)))
-    except Exception:  # no tokenizer there: verl's own loader reports it
-        return None
-
-
-def _largest_divisor_at_most(value: int, limit: int) -> int:
-    return max(d for d in range(1, max(1, min(value, limit)) + 1) if value % d == 0)
-
-
-def validate_remote_backend_config(
-    config: "DictConfig", *, check_resume: bool = True, scan_files: bool = True
-) -> Optional[RemoteRunPlan]:
-    """Check every rule a remote-backend run depends on; return the resolved plan.
-
-    Returns ``None`` when ``trainer.remote_backend`` is null (verl's own path,
-    nothing to check). Otherwise resolves the backend class through the registry
-    (unknown names and failing imports raise the registry's own errors, which
-    list the known names / the install command) and checks, in order: worker
-    path, device, rollout name and replica count, single-forwarder constraint,
-    unsupported verl features (critic, reward model, HDFS, non-naive weight
-    sync), the shared ``remote_backend.{timeouts,liveness,retry}`` block, the
-    model path and that prompt + response fit the model context and, when
-    ``check_resume``, that a requested resume is possible from a complete
-    checkpoint (see :mod:`verl.remote_backend.checkpoints`). ``scan_files=False`` skips
-    the checks that read whole files (the data files' prompts, the resume checkpoint's
-    checksums): the trainer re-validates with it, after the entry point did the full pass.
-
-    Raises:
-        RemoteBackendConfigError: the first violated rule.
-        ResumeCheckpointError: the checkpoint to resume from is missing or partial.
-        UnknownBackendError, BackendImportError: from the registry (the latter
-            with the install command of a backend's optional dependency).
-    """
-    name = backend_name(config)
-    if name is None:
-        return None
-    if name in RESERVED_BLOCKS:
-        raise _fail(
-            "trainer.remote_backend",
-            name,
-            f"remote_backend.{name} holds the shared reliability settings, not a backend",
-            "name a registered backend (e.g. local or arctic)",
-        )
-    backend_cls = RemoteBackendRegistry.get(name)
-    trainer, rollout = config.trainer, config.actor_rollout_ref.rollout
-
-    impl = trainer.get("use_legacy_worker_impl", "auto")
-    if impl != "disable":
-        raise _fail(
-            "trainer.use_legacy_worker_impl",
-            impl,
-            "remote backends plug into verl's new worker path (nested-jagged TensorDict batches) only",
-            "set trainer.use_legacy_worker_impl=disable",
-        )
-    if trainer.get("device", "cuda") != "cpu":
-        raise _fail(
-            "trainer.device",
-            trainer.get("device"),
-            "the verl side of a remote-backend run (driver and forwarders) computes nothing on an accelerator",
-            f"set trainer.device=cpu; the backend's accelerators are configured under remote_backend.{name}.*",
-        )
-
-    allowed_rollout = sorted({REMOTE_ROLLOUT_NAME, name})
-    if rollout.get("name") not in allowed_rollout:
-        raise _fail(
-            "actor_rollout_ref.rollout.name",
-            rollout.get("name"),
-            "generation must go through the backend's sampler",
-            f"set actor_rollout_ref.rollout.name={REMOTE_ROLLOUT_NAME}",
-        )
-    n_fwd = _num_forwarders(config)
-    if n_fwd < 1:
+def check_single_forwarder(name: str, single: bool, config: "DictConfig") -> None:
+    """Raise when a backend that owns its parallelism would get more than one forwarder."""
+    n = _num_forwarders(config)
+    if single and n != 1:
         raise _fail(
             "trainer.n_gpus_per_node * trainer.nnodes",
-            n_fwd,
-            "at least one forwarder worker is needed",
-            "set trainer.n_gpus_per_node=1 trainer.nnodes=1",
+            f"{config.trainer.n_gpus_per_node} * {config.trainer.nnodes}",
+            f"backend {name!r} owns all of its parallelism and needs exactly one CPU forwarder, "
+            f"but this asks for {n}",
+            "set trainer.n_gpus_per_node=1 trainer.nnodes=1 (the backend's own GPUs are set under "
+            f"remote_backend.{name}.*)",
         )
-    per_replica = (
-        int(rollout.tensor_model_parallel_size)
-        * int(rollout.get("data_parallel_size", 1))
-        * int(rollout.get("pipeline_model_parallel_size", 1))
-    )
-    num_replicas = n_fwd // per_replica
-    if num_replicas == 0 or n_fwd % per_replica:
-        raise _fail(
-            "actor_rollout_ref.rollout.tensor_model_parallel_size",
-            int(rollout.tensor_model_parallel_size),
-            f"verl builds (forwarders {n_fwd}) // (tensor * data * pipeline parallel size {per_replica}) = "
-            f"{num_replicas} rollout replicas{' (not a whole number)' if n_fwd % per_replica else ''}; "
-            "the backend parallelises sampling itself",
-            "set actor_rollout_ref.rollout.tensor_model_parallel_size=1 (and data/pipeline_model_parallel_size=1)",
-        )
-    _check_batch_sizes(config)
-    single = probe_single_forwarder(backend_cls)
-    if single:
-        check_single_forwarder(name, True, config)
 
+
+def check_no_critic(config: "DictConfig") -> None:
+    """Remote backends provide no critic: neither ``critic.enable`` nor an estimator that needs one."""
     from verl.trainer.ppo.utils import need_critic
 
     if config.critic.get("enable") is True:
@@ -373,6 +273,10 @@ def validate_remote_backend_config(
             "this estimator needs a critic (value model), which remote backends do not provide",
             "use a critic-free estimator, e.g. algorithm.adv_estimator=grpo",
         )
+
+
+def check_no_reward_model(config: "DictConfig") -> None:
+    """A model-based reward needs verl's own GPU workers, which a remote-backend run does not start."""
     if config.reward.reward_model.get("enable", False):
         raise _fail(
             "reward.reward_model.enable",
@@ -380,7 +284,11 @@ def validate_remote_backend_config(
             "a model-based reward needs GPU workers of verl's own, which a remote-backend run does not start",
             "set reward.reward_model.enable=false and use a rule-based or custom reward function",
         )
-    ce_backend = rollout.checkpoint_engine.get("backend", "naive")
+
+
+def check_checkpoint_engine(config: "DictConfig") -> None:
+    """Weights move inside the backend: verl's checkpoint engine must be the no-op ``naive`` one."""
+    ce_backend = config.actor_rollout_ref.rollout.checkpoint_engine.get("backend", "naive")
     if ce_backend != "naive":
         raise _fail(
             "actor_rollout_ref.rollout.checkpoint_engine.backend",
@@ -388,46 +296,112 @@ def validate_remote_backend_config(
             "weights move inside the backend (its update_weights), not through verl's checkpoint engines",
             "set actor_rollout_ref.rollout.checkpoint_engine.backend=naive",
         )
-    if trainer.get("default_hdfs_dir") is not None:
+
+
+def check_no_hdfs(config: "DictConfig") -> None:
+    """Checkpoints go to verl's local path only."""
+    hdfs = config.trainer.get("default_hdfs_dir")
+    if hdfs is not None:
         raise _fail(
             "trainer.default_hdfs_dir",
-            trainer.default_hdfs_dir,
+            hdfs,
             "remote backends write checkpoints to verl's local path only",
             "set trainer.default_hdfs_dir=null and copy trainer.default_local_dir yourself",
         )
-    ray_cpus = config.get("ray_kwargs", {}).get("ray_init", {}).get("num_cpus")
-    if ray_cpus is not None and float(ray_cpus) < required_ray_cpus(config):
+
+
+def check_ray_cpus(config: "DictConfig") -> None:
+    """An explicit ``ray_init.num_cpus`` must cover the runner and the forwarders' bundles."""
+    ray_cpus = select(config, "ray_kwargs.ray_init.num_cpus")
+    needed = required_ray_cpus(config)
+    if ray_cpus is not None and float(ray_cpus) < needed:
         raise _fail(
             "ray_kwargs.ray_init.num_cpus",
             ray_cpus,
-            f"the task runner and {n_fwd} forwarder(s) reserve {required_ray_cpus(config)} logical Ray CPUs "
+            f"the task runner and {_num_forwarders(config)} forwarder(s) reserve {needed} logical Ray CPUs "
             "(plus what the backend's own actors ask for); placement groups would wait forever",
-            f"set ray_kwargs.ray_init.num_cpus to at least {required_ray_cpus(config) + 1} "
+            f"set ray_kwargs.ray_init.num_cpus to at least {needed + 1} "
             "(logical CPUs may exceed physical cores) or leave it null",
         )
 
-    try:
-        ReliabilitySettings.from_main_config(config)
-    except ValueError as exc:
-        raise RemoteBackendConfigError(
-            f"{exc}. Fix: see the commented remote_backend.timeouts/liveness/retry block in remote_ppo_trainer.yaml"
-        ) from None
-    local_model = _check_model_path(config)
-    _check_context(config, name, local_model)
-    if scan_files:
-        try:
-            check_data_files(config, tokenizer=_length_tokenizer(config, local_model))
-        except DataFileError as exc:
-            raise RemoteBackendConfigError(str(exc)) from None
-    try:
-        check_backend_config(backend_cls, config)
-    except RemoteBackendConfigError:
-        raise
-    except ValueError as exc:  # the backend's own rule: its message names the key and the fix
-        raise RemoteBackendConfigError(str(exc)) from None
 
-    resume_from = _find_resume_checkpoint(config) if check_resume else None
-    if resume_from is not None and not supports_resume(backend_cls):
+def _model_context(local_model: Optional[str]) -> Optional[int]:
+    """``max_position_embeddings`` of a local model's config.json (top level or ``text_config``)."""
+    if local_model is None:
+        return None
+    try:
+        with open(os.path.join(local_model, "config.json")) as fh:
+            hf = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    for node in (hf, hf.get("text_config") or {}):
+        value = node.get("max_position_embeddings") if isinstance(node, dict) else None
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def check_context(config: "DictConfig", name: str, local_model: Optional[str]) -> None:
+    """Prompt + response must fit the model context (and the backend's/rollout's ``max_model_len``)."""
+    rollout = config.actor_rollout_ref.rollout
+    limits = {}
+    model_ctx = _model_context(local_model)
+    if model_ctx is not None:
+        limits[f"the model's max_position_embeddings ({local_model}/config.json)"] = model_ctx
+    for key in ("actor_rollout_ref.rollout.max_model_len", f"remote_backend.{name}.max_model_len"):
+        value = select(config, key)
+        if isinstance(value, int) and value > 0:
+            limits[key] = value
+    if not limits:
+        return
+    source, context = min(limits.items(), key=lambda item: item[1])
+    prompt, response = int(rollout.prompt_length), int(rollout.response_length)
+    if response > context:
+        raise _fail(
+            "data.max_response_length",
+            response,
+            f"the response length is above the model context: {source} = {context}",
+            f"set data.max_response_length <= {context} (and data.max_prompt_length + it <= {context})",
+        )
+    if prompt + response > context:
+        raise _fail(
+            "data.max_prompt_length + data.max_response_length",
+            f"{prompt} + {response}",
+            f"prompt + response ({prompt + response} tokens) exceed the model context: {source} = {context}",
+            f"lower data.max_prompt_length / data.max_response_length so they sum to <= {context}",
+        )
+
+
+def check_backend_rules(backend_cls: type[RemoteBackend], config: "DictConfig") -> None:
+    """The backend's own ``check_config`` (its message names the key and the fix)."""
+    try:
+        backend_cls.check_config(config)
+    except ConfigError:
+        raise
+    except ValueError as exc:  # a backend's plain ValueError: same contract, one error class
+        raise ConfigError(str(exc)) from None
+
+
+def resume_checkpoint(
+    config: "DictConfig", name: str, backend_cls: type[RemoteBackend], *, verify_files: bool = True
+) -> Optional[str]:
+    """The checkpoint the run would resume from (``None``: starts from scratch), after checking it.
+
+    The backend must be able to load checkpoints, and the checkpoint must be complete:
+    verl's part always, the backend's own files (its ``checkpoint_problem``) when
+    ``verify_files``.
+
+    Raises:
+        ConfigError: a resume with a backend that has no ``load_checkpoint``.
+        ResumeCheckpointError: the checkpoint is missing, partial or corrupt.
+    """
+    trainer = config.trainer
+    resume_from = select_resume_checkpoint(
+        str(trainer.get("resume_mode", "auto")), trainer.get("resume_from_path"), str(trainer.default_local_dir)
+    )
+    if resume_from is None:
+        return None
+    if not supports_resume(backend_cls):
         raise _fail(
             "trainer.resume_mode",
             trainer.resume_mode,
@@ -436,16 +410,24 @@ def validate_remote_backend_config(
             "set trainer.resume_mode=disable to start from scratch, or point trainer.default_local_dir "
             "at an empty directory",
         )
-    if resume_from is not None:
-        problem = checkpoint_problem(resume_from, checksums=scan_files) or backend_checkpoint_problem(
-            backend_cls, os.path.join(resume_from, "actor"), step_of(resume_from)
-        )
-        if problem is not None:
-            raise resume_failure(resume_from, problem)
-    return RemoteRunPlan(
-        backend_cls=backend_cls,
-        name=name,
-        num_forwarders=n_fwd,
-        num_replicas=num_replicas,
-        resume_from=resume_from,
-    )
+    format_problem = backend_cls.checkpoint_problem if verify_files else None
+    check_resume_checkpoint(resume_from, format_problem=format_problem)
+    return resume_from
+
+
+# ---------------------------------------------------------------- helpers
+def _length_tokenizer(config: "DictConfig", local_model: Optional[str]) -> Any:
+    """The model's tokenizer when prompt lengths must be checked up front (filtering off), else ``None``."""
+    if local_model is None or bool(config.data.get("filter_overlong_prompts", True)):
+        return None
+    from transformers import AutoTokenizer
+
+    path = config.actor_rollout_ref.model.get("tokenizer_path") or local_model
+    try:
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=bool(config.data.get("trust_remote_code", False)))
+    except Exception:  # no tokenizer there: verl's own loader reports it
+        return None
+
+
+def _largest_divisor_at_most(value: int, limit: int) -> int:
+    return max(d for d in range(1, max(1, min(value, limit)) + 1) if value % d == 0)

@@ -1,24 +1,9 @@
 """How a verl batch (``TensorDict``) crosses a Ray process hop: its tensors as numpy buffers.
 
-Ray pickles a CPU ``torch.Tensor`` through ``torch.save`` into the pickle
-stream (an in-band copy on the way in, another on the way out); a numpy array
-goes out-of-band (pickle protocol 5): one copy into the object store, read back
-as a view. :func:`to_wire` wraps a ``TensorDict`` so that, when Ray (or any
-protocol-5 pickler) serialises it, its plain and nested-jagged CPU tensors - and
-tensor-valued non-tensor entries such as verl's unpad ``indices`` - travel as
-numpy arrays, and the receiving process gets an ordinary ``TensorDict`` back
-(:func:`_rebuild` runs on unpickling), with private writable tensors: one copy
-per process hop. Everything else (scalar non-tensor fields, bfloat16 tensors,
-which numpy cannot hold, nested tensors with holes) travels the ordinary way.
-
-Who uses it: the forwarder's dispatch (:mod:`verl.remote_backend.dispatch`)
-``ray.put``\\ s ``to_wire(chunk)``; the forwarder wraps the per-token outputs it
-returns to the driver; the local backend's client wraps a ``TensorDict`` it was
-handed directly, and its engine sends per-token outputs through
-:func:`tensor_to_numpy` (``local/transport.py``). Nothing else needs to know:
-unpickling yields the ``TensorDict`` itself.
-
-Pure module (torch, numpy, tensordict).
+Ray pickles a CPU ``torch.Tensor`` in-band through ``torch.save`` (a copy each way), while a
+numpy array goes out-of-band (pickle protocol 5): one copy into the object store, read back as
+a view. This module owns that conversion so that a batch sent between Ray processes costs one
+copy per hop, and the receiver still gets an ordinary ``TensorDict``. Pure: torch, numpy, tensordict.
 """
 
 from __future__ import annotations
@@ -120,7 +105,13 @@ class WireBatch:
 
 
 def to_wire(data: TensorDict) -> WireBatch:
-    """Wrap ``data`` for a process hop (see the module docstring); the receiver gets a ``TensorDict``."""
+    """Wrap ``data`` for a process hop; unpickling yields the ``TensorDict`` itself.
+
+    Plain and nested-jagged CPU tensors, and tensor-valued non-tensor entries (verl's unpad
+    ``indices``), travel as numpy buffers and arrive as private writable tensors. Everything
+    else (scalar non-tensor fields, bfloat16 tensors, nested tensors with holes) is pickled
+    the ordinary way. Raises ``ValueError`` for a ``TensorDict`` with more than one batch dimension.
+    """
     if isinstance(data, WireBatch):
         return data
     if data.batch_dims > 1:

@@ -1,28 +1,10 @@
-"""The CPU forwarder: a verl ``Worker`` that stands in for the actor/ref workers.
+"""The CPU forwarder: a verl ``Worker`` standing in for the actor/ref workers.
 
-With ``trainer.use_legacy_worker_impl=disable`` verl's trainer drives an
-"actor_rollout(_ref)" worker group through a handful of methods. This worker
-implements exactly those, on CPU, by awaiting the shared :class:`RemoteBackend`
-and converting its answers into what the trainer reads back:
-
-========================  ======================  ==================================
-trainer calls             dispatch                forwards to
-========================  ======================  ==================================
-``init_model``            ONE_TO_ALL              (registers the dispatch meshes)
-``compute_log_prob``      mesh ``actor``          ``backend.compute_log_prob(ref=False)``
-``compute_ref_log_prob``  mesh ``ref``            ``backend.compute_log_prob(ref=True)``
-``update_actor``          mesh ``actor_update``   ``backend.update_actor``
-``update_weights``        ONE_TO_ALL, async       ``backend.update_weights`` (rank 0)
-``save_checkpoint``       ONE_TO_ALL              ``backend.save_checkpoint(path, step)`` (rank 0)
-``load_checkpoint``       ONE_TO_ALL              ``backend.load_checkpoint(path, step)`` (rank 0)
-========================  ======================  ==================================
-
-The backend is attached after the group starts (``attach_backend``, called by
-:class:`RemoteBackendTrainer` with ``reconnect_handle()``); the forwarder never
-creates an engine. Data-path methods are ``async`` so Ray runs this worker as
-an async actor whose event loop stays responsive while a backend call runs.
-Per-token outputs come back packed and are rebuilt as nested tensors; MFU uses
-the token counts, the call's duration and the *backend's* reported devices.
+verl's trainer (``use_legacy_worker_impl=disable``) drives it through ``compute_log_prob``,
+``compute_ref_log_prob``, ``update_actor``, ``update_weights`` and ``save/load_checkpoint``;
+each awaits the shared :class:`RemoteBackend` under the guard and turns its typed result into
+what the trainer reads back (nested tensors, verl ``Metric`` objects, MFU against the
+backend's devices). It never creates an engine: ``attach_backend`` re-attaches by handle.
 """
 
 from __future__ import annotations
@@ -37,30 +19,22 @@ from typing import Any, Awaitable, Callable, Optional, TypeVar
 from omegaconf import DictConfig
 from tensordict import TensorDict
 
-from verl.remote_backend.base import (
-    BackendDevice,
-    RemoteBackend,
-    accepts_batch_refs,
-    supports_resume,
-)
+from verl.remote_backend.base import RemoteBackend, accepts_batch_refs, destroy_backend, supports_resume
 from verl.remote_backend.batch_ref import BatchRef
-from verl.remote_backend.checkpoints import protected_checkpoint, resume_failure
+from verl.remote_backend.checkpoints import checkpoints_to_prune, parse_global_step, protected_checkpoint, resume_failure
 from verl.remote_backend.cpu_compat import install_flash_attn_fallback
 from verl.remote_backend.dispatch import make_forwarder_dispatch_fn
+from verl.remote_backend.errors import BackendDiedError, BackendOutputError, BackendTimeoutError, ResumeCheckpointError
 from verl.remote_backend.guard import BackendGuard
 from verl.remote_backend.output_checks import check_log_prob_output, check_update_output
 from verl.remote_backend.registry import RemoteBackendRegistry
-from verl.remote_backend.reliability import BackendError, BackendOutputError, ReliabilitySettings
+from verl.remote_backend.reliability import ReliabilitySettings
+from verl.remote_backend.layout import packed_to_nested, sequence_lengths
+from verl.remote_backend.metrics import normalise_metrics
+from verl.remote_backend.mfu import compute_mfu
+from verl.remote_backend.results import BackendDevice, as_log_prob_result, as_update_result
+from verl.remote_backend.step_timing import StepTiming
 from verl.remote_backend.wire import WireBatch, to_wire
-from verl.remote_backend.worker_utils import (
-    checkpoints_to_prune,
-    compute_mfu,
-    normalise_metrics,
-    packed_to_nested,
-    parse_global_step,
-    sequence_lengths,
-    StepTiming,
-)
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.utils import tensordict_utils as tu
@@ -71,9 +45,6 @@ logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))
 
 install_flash_attn_fallback()
-
-#: Monotonic clock used to time backend calls (a module attribute so tests can pin it).
-_clock = time.perf_counter
 
 T = TypeVar("T")
 
@@ -143,13 +114,11 @@ class RemoteBackendWorker(Worker):
         backend, self._backend = self._backend, None
         guard, self._guard = self._guard, None
         if backend is not None:
-            result = backend.destroy()
-            if hasattr(result, "__await__"):
-                limit = guard.settings.timeouts.destroy if guard is not None else None
-                try:
-                    await asyncio.wait_for(result, timeout=limit)
-                except asyncio.TimeoutError:  # teardown must finish: the trainer destroys the engine next
-                    logger.warning("Detaching from the backend took over %ss (remote_backend.timeouts.destroy)", limit)
+            limit = guard.settings.timeouts.destroy if guard is not None else None
+            try:
+                await asyncio.wait_for(destroy_backend(backend), timeout=limit)
+            except asyncio.TimeoutError:  # teardown must finish: the trainer destroys the engine next
+                logger.warning("Detaching from the backend took over %ss (remote_backend.timeouts.destroy)", limit)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def set_loss_fn(self, loss_fn: Any) -> None:
@@ -183,7 +152,7 @@ class RemoteBackendWorker(Worker):
         input_ids = _layout(data)
         op = "compute_ref_log_prob" if ref else "compute_log_prob"
         payload = await _payload_for(backend, data)
-        start = _clock()
+        start = time.perf_counter()
         result = await self._call(
             op,
             lambda: backend.compute_log_prob(
@@ -195,21 +164,16 @@ class RemoteBackendWorker(Worker):
                 pad_token_id=self._pad_token_id,
             ),
         )
-        seconds = _clock() - start
-        self._step_timing.record(seconds, result)
-        model_output = _required(result, "model_output", op)
-        check_log_prob_output(model_output, input_ids, calculate_entropy=calculate_entropy, op=op)
-        outputs = {
-            "log_probs": packed_to_nested(
-                _required(model_output, "log_probs", "compute_log_prob"), input_ids, key="log_probs"
-            )
-        }
+        seconds = time.perf_counter() - start
+        result = as_log_prob_result(result, op)
+        self._step_timing.record(seconds, result.compute_s)
+        check_log_prob_output(result, input_ids, calculate_entropy=calculate_entropy, op=op)
+        outputs = {"log_probs": packed_to_nested(result.log_probs, input_ids, key="log_probs")}
         if calculate_entropy:
-            entropy = _required(model_output, "entropy", "compute_log_prob (calculate_entropy=True)")
-            outputs["entropy"] = packed_to_nested(entropy, input_ids, key="entropy")
+            outputs["entropy"] = packed_to_nested(result.entropy, input_ids, key="entropy")
         seqlens = sequence_lengths(input_ids).tolist()
         # A plain float: the trainer logs metrics["mfu"] of log-prob calls without reducing it.
-        metrics = {"mfu": self._mfu(result, seqlens, seconds, forward_only=True)}
+        metrics = {"mfu": self._mfu(result.device, seqlens, seconds, forward_only=True)}
         output = tu.get_tensordict(tensor_dict=outputs, non_tensor_dict={"metrics": metrics})
         # Called through the worker group (a BatchRef came in), the output goes back to the driver
         # over Ray: its per-token tensors travel as numpy buffers and arrive as this TensorDict.
@@ -223,13 +187,13 @@ class RemoteBackendWorker(Worker):
         plus ``loss`` and ``mfu`` (the trainer renames ``actor/mfu`` to
         ``perf/mfu/actor``). MFU counts every token once per PPO epoch. The
         ``remote/*`` timing metrics of the step's forwarded calls ride along
-        (:class:`~verl.remote_backend.worker_utils.StepTiming`).
+        (:class:`~verl.remote_backend.step_timing.StepTiming`).
         """
         backend = self._require_backend()
         epochs = int(_field(data, "epochs", 1) or 1)
         seqlens_default = sequence_lengths(_layout(data)).tolist()
         payload = await _payload_for(backend, data)
-        start = _clock()
+        start = time.perf_counter()
         result = await self._call(
             "update_actor",
             lambda: backend.update_actor(
@@ -240,14 +204,15 @@ class RemoteBackendWorker(Worker):
                 temperature=self._temperature(data),
             ),
         )
-        seconds = _clock() - start
-        self._step_timing.record(seconds, result)
+        seconds = time.perf_counter() - start
+        result = as_update_result(result)
+        self._step_timing.record(seconds, result.compute_s)
         check_update_output(result, batch_size=len(seqlens_default))
-        metrics = normalise_metrics(_required(result, "metrics", "update_actor"))
-        if result.get("loss") is not None:
-            metrics.update(normalise_metrics({"loss": result["loss"]}))
-        seqlens = [int(n) for n in (result.get("global_token_num") or seqlens_default)]
-        metrics["mfu"] = self._mfu(result, seqlens * epochs, seconds, forward_only=False)
+        metrics = normalise_metrics(result.metrics)
+        if result.loss is not None:
+            metrics.update(normalise_metrics({"loss": result.loss}))
+        seqlens = result.global_token_num or seqlens_default
+        metrics["mfu"] = self._mfu(result.device, seqlens * epochs, seconds, forward_only=False)
         metrics.update(normalise_metrics(self._step_timing.pop_metrics()))
         return tu.get_tensordict(tensor_dict={}, non_tensor_dict={"metrics": metrics})
 
@@ -304,9 +269,9 @@ class RemoteBackendWorker(Worker):
             raise ValueError(f"Checkpoint path {local_path!r} has no global_step_<N> component")
         try:
             await self._call("load_checkpoint", lambda: backend.load_checkpoint(local_path, step))
-        except BackendError as exc:
-            if not isinstance(exc, BackendOutputError):
-                raise  # timeouts and deaths say so themselves
+        except (BackendTimeoutError, BackendDiedError, ResumeCheckpointError):
+            raise  # timeouts, deaths and the backend's own resume verdict say so themselves
+        except BackendOutputError as exc:
             raise resume_failure(os.path.dirname(os.path.abspath(local_path)), str(exc)) from exc
         except (RuntimeError, ValueError, OSError) as exc:  # the backend refused the checkpoint
             raise resume_failure(os.path.dirname(os.path.abspath(local_path)), f"{type(exc).__name__}: {exc}") from exc
@@ -334,22 +299,15 @@ class RemoteBackendWorker(Worker):
         value = _field(data, "temperature", None)
         return float(self.config.rollout.temperature if value is None else value)
 
-    def _mfu(self, result: dict[str, Any], seqlens: list[int], seconds: float, *, forward_only: bool) -> float:
-        if result.get("device") is not None:
-            self._device = BackendDevice.from_dict(dict(result["device"]))
+    def _mfu(self, device: Optional[BackendDevice], seqlens: list[int], seconds: float, *, forward_only: bool) -> float:
+        if device is not None:
+            self._device = device
         if self._device is None:
             if not self._warned_no_device:
-                logger.warning("Backend reports no device; MFU is logged as 0 (see BackendDevice in base.py).")
+                logger.warning("Backend reports no device; MFU is logged as 0 (see BackendDevice in results.py).")
                 self._warned_no_device = True
             return 0.0
         return compute_mfu(self._flops_counter, seqlens, seconds, self._device, forward_only=forward_only)
-
-
-def _required(mapping: Any, key: str, op: str) -> Any:
-    if not isinstance(mapping, dict) or mapping.get(key) is None:
-        have = sorted(mapping) if isinstance(mapping, dict) else type(mapping).__name__
-        raise BackendOutputError(f"{op}: the result is missing {key!r}; expected a mapping with it, got {have}")
-    return mapping[key]
 
 
 # ------------------------------------------------------------ batch access (TensorDict or BatchRef)

@@ -1,41 +1,9 @@
-"""The ``arctic`` remote backend: verl's RemoteBackend on the published Arctic RL client.
+"""The ``arctic`` remote backend: verl's ``RemoteBackend`` on the published Arctic RL client.
 
-Wraps ``arctic_platform.client`` (``arctic-platform`` 0.1.4), which talks to an
-Arctic RL server (DeepSpeed training + vLLM sampling) over HTTP or Ray:
-
-=====================  ==========================================================
-RemoteBackend          Arctic client calls (HTTP endpoint)
-=====================  ==========================================================
-compute_log_prob       ``fwd_no_grad`` (POST /forward; training or log-prob job)
-update_actor           per PPO mini-batch: ``fwd_bwd`` (/forward-backward) + ``step`` (/step)
-generate               ``generate`` (/generate; text prompts, token ids back)
-update_weights         ``sync_weights`` (/wake-inference, /operation weight-sync, ...)
-save_checkpoint        ``save_checkpoint(path, step)`` (/save)
-load_checkpoint        ``load_checkpoint(path, step)`` (/load-checkpoint) + weight sync
-from_config/destroy    job creation (/initialize) and teardown (/destroy)
-=====================  ==========================================================
-
-Transport: HTTP only, through the client's blocking frontend (``ArcticRLClient``)
-on private thread pools, because its ``requests`` transport keeps the server's
-error body (the ``aiohttp`` one of the async frontend drops it, and the server's
-``detail`` belongs in our errors); the calling event loop never blocks.
-``generate`` calls get a pool (and HTTP connection pool) as large as the
-sampler's ``max_num_seqs``, so concurrent rollouts reach vLLM as one batch.
-The client's Ray transport is refused at start-up (see :mod:`.arctic.config`).
-Payload mapping is in :mod:`.arctic.payload` / :mod:`.arctic.bodies`, config in
-:mod:`.arctic.config`, the checkpoint format in :mod:`.arctic.checkpoint`.
-
-Failures: no call is retried. ``fwd_bwd`` and ``step`` change the model and
-must never be re-sent blindly, so every transport error surfaces at once as an
-:class:`~.arctic.errors.ArcticBackendError` naming the op, the server address and
-the server's detail; only the start-up ``/health`` probe (idempotent) retries,
-with capped backoff, for at most ``connect_timeout_s``. On the verl side the
-forwarder's guard (:mod:`verl.remote_backend.guard`) may re-send idempotent reads
-(log-probs, checkpoint loads) after an unreachable-server error, and probes
-:meth:`ArcticBackend.health` while calls run to detect a dead or frozen server.
-
-This module is imported only by ``RemoteBackendRegistry.get("arctic")``; it is
-the only one that imports ``arctic_platform``.
+Arctic RL (``arctic-platform`` 0.1.4) trains with DeepSpeed and samples with vLLM behind an
+HTTP server. :class:`ArcticBackend` maps verl's training, sampling, weight-sync and checkpoint
+calls onto that client; it is the only module that imports ``arctic_platform`` at import time.
+Payload mapping, request bodies, config and the checkpoint format live in :mod:`.arctic`.
 """
 
 from __future__ import annotations
@@ -48,12 +16,14 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import arctic_platform.client as arctic_client  # noqa: F401  (fails early with the registry's install hint)
 
-from verl.remote_backend.base import BackendDevice, RemoteBackend
+from verl.remote_backend.base import RemoteBackend
+from verl.remote_backend.results import BackendDevice, GenerateResult, LogProbResult, UpdateResult
 from verl.remote_backend.registry import RemoteBackendRegistry
-from verl.remote_backend.reliability import BackendClosedError, ResumeCheckpointError
+from verl.remote_backend.errors import BackendClosedError, ConfigError, ResumeCheckpointError
+from verl.remote_backend.settings import select
 from verl.workers.remote_client.arctic import bodies
 from verl.workers.remote_client.arctic import checkpoint as arctic_checkpoint
-from verl.workers.remote_client.arctic.config import ArcticConfig, ConfigError, load_arctic_config
+from verl.workers.remote_client.arctic.config import ArcticConfig, load_arctic_config
 from verl.workers.remote_client.arctic.derive import (
     build_client_config,
     check_loss_compatibility,
@@ -62,17 +32,13 @@ from verl.workers.remote_client.arctic.derive import (
     optimizer_steps_per_global_step,
     resolved_log_prob_gpus,
 )
-from verl.workers.remote_client.arctic.errors import ArcticResponseError, probe_health, require, require_tensor, translate_error
-from verl.workers.remote_client.arctic.generation import get_path as _get
+from verl.workers.remote_client.arctic.errors import ArcticResponseError
 from verl.workers.remote_client.arctic.generation import load_tokenizer, parse_result, prompt_text
 from verl.workers.remote_client.arctic.launcher import ServerProcess, launch_server
-from verl.workers.remote_client.arctic.payload import (
-    aggregate_update_metrics,
-    dense_to_packed,
-    map_step_metrics,
-    reduce_metric,
-    token_aligned_to_predict_next,
-)
+from verl.workers.remote_client.arctic.metrics import aggregate_update_metrics, map_step_metrics, reduce_metric
+from verl.workers.remote_client.arctic.payload import dense_to_packed, token_aligned_to_predict_next
+from verl.workers.remote_client.arctic.responses import require, require_tensor
+from verl.workers.remote_client.arctic.server_http import probe_health, translate_error
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -88,7 +54,15 @@ _TEARDOWN_TIMEOUT_S = 30.0
 
 @RemoteBackendRegistry.register("arctic")
 class ArcticBackend(RemoteBackend):
-    """verl <-> Arctic RL server. Build with :meth:`from_config` only."""
+    """verl <-> Arctic RL server. Build with :meth:`from_config` only.
+
+    HTTP only, through the client's blocking ``ArcticRLClient`` run on private thread pools: its
+    ``requests`` transport keeps the server's error ``detail`` (the async frontend's ``aiohttp``
+    one drops it) and the event loop never blocks. No call is retried (``fwd_bwd`` and ``step``
+    change the model): a transport error surfaces at once as an ``ArcticBackendError`` naming
+    the op, the server address and the server's detail. Only the start-up ``/health`` probe
+    retries, within ``connect_timeout_s``.
+    """
 
     def __init__(
         self,
@@ -116,6 +90,7 @@ class ArcticBackend(RemoteBackend):
         self._mini_batch_rows = int(derive_ds_config(main_config, cfg, n_gpus=int(cfg.training_gpus))["train_batch_size"])
         self._tokenizer = None
         self._sampler_awake = True
+        self._wake_lock: Optional[asyncio.Lock] = None  # one wake-up for a burst of generate calls
         self._policy_version = 0
         self._log_prob_gpus = resolved_log_prob_gpus(main_config, cfg)
 
@@ -216,7 +191,8 @@ class ArcticBackend(RemoteBackend):
                 executor.shutdown(wait=False, cancel_futures=True)
         self._executor = self._gen_executor = None
 
-    def requires_single_forwarder(self) -> bool:
+    @classmethod
+    def requires_single_forwarder(cls) -> bool:
         return True  # Arctic owns training/sampling parallelism; verl runs one CPU forwarder
 
     # ------------------------------------------------------------ data path
@@ -229,7 +205,7 @@ class ArcticBackend(RemoteBackend):
         rollout_n: int,
         temperature: float,
         pad_token_id: int,
-    ) -> dict[str, Any]:
+    ) -> LogProbResult:
         """``fwd_no_grad`` on the training job (actor) or the log-prob job (``ref``); packed ``[T]`` back."""
         op = "compute_ref_log_prob" if ref else "compute_log_prob"
         if ref and self._log_prob_gpus == 0:
@@ -244,19 +220,21 @@ class ArcticBackend(RemoteBackend):
         out = require(resp, "batch", op=op)
         if self.cfg.zorro.train:  # ZoRRo answers token-aligned (column t = log p(token t)); verl wants predict-next
             out = {k: token_aligned_to_predict_next(v) if k in ("logprobs", "entropy") else v for k, v in out.items()}
-        model_output = {"log_probs": self._packed(out, "logprobs", mask, op)}
-        if calculate_entropy:
-            model_output["entropy"] = self._packed(out, "entropy", mask, op)
         metrics = map_step_metrics({k: v for k, v in (resp.get("metrics") or {}).items() if k != "loss"})
         count = self._log_prob_gpus if ref else self.cfg.training_gpus
-        return {"model_output": model_output, "metrics": metrics, "device": self._device(count)}
+        return LogProbResult(
+            log_probs=self._packed(out, "logprobs", mask, op),
+            entropy=self._packed(out, "entropy", mask, op) if calculate_entropy else None,
+            metrics=metrics,
+            device=self._device(count),
+        )
 
     async def update_actor(
         self, data: "TensorDict", *, actor_config: Any, pad_token_id: int, rollout_n: int, temperature: float
-    ) -> dict[str, Any]:
+    ) -> UpdateResult:
         """verl's PPO loop on Arctic: one ``fwd_bwd`` + ``step`` per mini-batch, epochs x mini-batches."""
         op = "update_actor"
-        get = functools.partial(_get, actor_config)
+        get = functools.partial(select, actor_config)
         mini = bodies.non_tensor(data, "mini_batch_size", None) or int(get("ppo_mini_batch_size", 1)) * int(rollout_n)
         epochs = int(bodies.non_tensor(data, "epochs", None) or get("ppo_epochs", 1))
         seed = bodies.non_tensor(data, "seed", None)
@@ -297,14 +275,14 @@ class ArcticBackend(RemoteBackend):
             losses.append(loss)
             step_metrics = require(st, "metrics", op=op, where="step response", kind=dict)
             per_mb.append({**map_step_metrics(fb_metrics), **map_step_metrics(step_metrics)})
-        return {
-            "loss": float(sum(losses)),
-            "metrics": aggregate_update_metrics(per_mb),
-            "global_token_num": data["input_ids"].offsets().diff().tolist(),
-            "device": self._device(self.cfg.training_gpus),
-        }
+        return UpdateResult(
+            metrics=aggregate_update_metrics(per_mb),
+            loss=float(sum(losses)),
+            global_token_num=data["input_ids"].offsets().diff().tolist(),
+            device=self._device(self.cfg.training_gpus),
+        )
 
-    async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any]) -> dict[str, Any]:
+    async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any]) -> GenerateResult:
         """One sample through Arctic's text-prompt ``/generate``; token ids in, token ids out.
 
         The prompt is decoded to text and the decode is proven to re-tokenize to
@@ -330,6 +308,7 @@ class ArcticBackend(RemoteBackend):
             params["repetition_penalty"] = float(sampling_params["repetition_penalty"])
         if sampling_params.get("seed") is not None:
             params["seed"] = int(sampling_params["seed"])  # vLLM's per-request random stream
+        await self._wake_sampler()
         results = await self._call("generate", [text], params, op="generate", concurrent=True)
         if not isinstance(results, list) or len(results) != 1:
             raise ArcticResponseError(f"Arctic generate: expected a list with 1 result, got {type(results).__name__} {results!r:.200}")
@@ -417,6 +396,9 @@ class ArcticBackend(RemoteBackend):
             raise translate_error(exc, op=op, address=self._address, timeout_s=self._timeout_s) from exc
 
     def _pool(self, concurrent: bool) -> ThreadPoolExecutor:
+        """Training/control calls share a small pool; ``generate`` gets one (and as many pooled HTTP
+        connections) as large as ``generate.max_concurrency``, by default the sampler's
+        ``max_num_seqs``, so concurrent rollouts reach vLLM as one batch."""
         if not concurrent:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(2, thread_name_prefix="arctic")
@@ -430,6 +412,18 @@ class ArcticBackend(RemoteBackend):
             self._gen_executor = ThreadPoolExecutor(self._gen_concurrency, thread_name_prefix="arctic-generate")
         return self._gen_executor
 
+    async def _wake_sampler(self) -> None:
+        """Wake a sampler this instance put to sleep: a generate may follow a training call
+        without an update_weights between them (the weights have not changed)."""
+        if self._sampler_awake:
+            return
+        if self._wake_lock is None:
+            self._wake_lock = asyncio.Lock()
+        async with self._wake_lock:
+            if not self._sampler_awake:
+                await self._call("wake_inference", op="generate (waking the sampler)")
+                self._sampler_awake = True
+
     async def _sleep_sampler(self) -> None:
         """Colocated: free the sampler's GPU memory before training work (update_weights wakes it)."""
         if self.cfg.colocate and self.cfg.weight_sync.sleep_sampler_during_training and self._sampler_awake:
@@ -439,7 +433,7 @@ class ArcticBackend(RemoteBackend):
     def _meta(self, data: "TensorDict", rollout_n: int, temperature: float, entropy: bool, pad_token_id: int) -> dict:
         prompts, mask = data["prompts"], data["attention_mask"]
         response_width = mask.shape[1] - prompts.shape[1]
-        zorro_width = int(_get(self._main, "data.max_response_length", response_width))
+        zorro_width = int(select(self._main, "data.max_response_length", response_width))
         if self.cfg.zorro.train and response_width != zorro_width:
             # ZoRRo's model was built for response_len = data.max_response_length (derive_ds_worker_config)
             raise ConfigError(
@@ -455,7 +449,7 @@ class ArcticBackend(RemoteBackend):
             pad_token_id=pad_token_id,
             max_prompt_len=prompts.shape[1],
             max_response_len=mask.shape[1] - prompts.shape[1],
-            max_token_len_per_gpu=int(_get(self._main, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", 16384)),
+            max_token_len_per_gpu=int(select(self._main, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", 16384)),
         )
 
     def _packed(self, out: dict, key: str, mask: Any, op: str) -> Any:
@@ -465,6 +459,6 @@ class ArcticBackend(RemoteBackend):
         except ValueError as exc:
             raise ArcticResponseError(f"Arctic {op}: {exc}") from exc
 
-    def _device(self, count: int) -> dict:
+    def _device(self, count: int) -> BackendDevice:
         d = self.cfg.device
-        return BackendDevice(type=d.type, count=max(1, int(count)), peak_flops=d.peak_flops, name=d.name).to_dict()
+        return BackendDevice(type=d.type, count=max(1, int(count)), peak_flops=d.peak_flops, name=d.name)

@@ -1,23 +1,10 @@
-"""``LocalBackend``: the ``local`` reference backend (``trainer.remote_backend=local``).
+"""``LocalBackend``: the client of the ``local`` engine (``trainer.remote_backend=local``).
 
-A real PyTorch/transformers RL engine behind the ``RemoteBackend`` contract:
-one Ray actor (:class:`~verl.workers.remote_client.local.actor.EngineActor`)
-owns the actor model, its optimizer, an optional frozen reference model and a
-batched KV-cache sampler on one device (CPU by default, one CUDA GPU with
-``remote_backend.local.device=cuda``). This module is only the client: each
-contract method awaits the matching actor method.
-
-Lifecycle: ``from_config(cfg)`` on the Ray driver validates the config, starts
-the actor and waits until the model is loaded (so a bad model path fails
-there); ``reconnect_handle()`` gives forwarders and rollout servers a picklable
-dict to ``from_config(cfg, handle=...)`` with, which only attaches; ``destroy()``
-on the creating client kills the actor, on an attached client drops the
-reference only. Both are idempotent.
-
-Optional capabilities: ``async load_checkpoint(path, step)`` (resume), a
-``"device"`` entry in ``compute_log_prob`` / ``update_actor`` results, and for
-liveness ``async health()`` (a round trip to the actor; Ray fails it at once
-when the actor process is gone) and ``log_location()`` (the actor's Ray logs).
+The engine (:mod:`.local`) is one Ray actor owning the actor model, its optimizer, an
+optional frozen reference and a batched KV-cache sampler on one device. This client awaits
+the matching actor method for each contract call and turns the actor's transport dicts into
+the contract's typed results. The creating client kills the actor in ``destroy``; a
+re-attached one only drops its reference.
 """
 
 from __future__ import annotations
@@ -25,13 +12,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Optional
 
 from verl.remote_backend.base import RemoteBackend
+from verl.remote_backend.results import BackendDevice, GenerateResult, LogProbResult, UpdateResult
 from verl.remote_backend.batch_ref import BatchRef
+from verl.remote_backend.errors import BackendClosedError, ConfigError
 from verl.remote_backend.failure_report import ray_log_dir
 from verl.remote_backend.registry import RemoteBackendRegistry
-from verl.remote_backend.reliability import BackendClosedError
+from verl.remote_backend.settings import load_settings, select
 from verl.remote_backend.wire import to_wire
 
-from .local.config import ConfigError, EngineSettings, LocalBackendConfig
+from .local import checkpoint as local_checkpoint
+from .local.config import CONFIG_KEY, EngineSettings, LocalBackendConfig
 from .local.transport import outputs_to_torch
 
 if TYPE_CHECKING:
@@ -49,8 +39,8 @@ _FORWARD_KEYS = ("input_ids", "position_ids")
 class LocalBackend(RemoteBackend):
     """Client of one local engine actor. Build with :meth:`from_config`, never directly."""
 
-    #: Optional capability (base.py): the forwarder may hand over a BatchRef, whose object
-    #: reference goes to the engine actor as is - the batch is deserialised only there.
+    #: The forwarder may hand over a BatchRef, whose object reference goes to the engine
+    #: actor as is - the batch is deserialised only there.
     accepts_batch_refs = True
 
     def __init__(self, actor: Any, *, owner: bool, info: dict[str, Any]) -> None:
@@ -75,13 +65,9 @@ class LocalBackend(RemoteBackend):
         Raises:
             ConfigError: naming the key, the value and the fix.
         """
-        from omegaconf import OmegaConf
-
-        block = OmegaConf.select(main_config, "remote_backend.local", default=None)
-        raw = OmegaConf.to_container(block, resolve=True) if block is not None else None
-        if LocalBackendConfig.from_mapping(raw).device != "cuda":  # the model path is the engine's to check
+        if load_settings(LocalBackendConfig, main_config, CONFIG_KEY).device != "cuda":  # the model path is the engine's to check
             return
-        if OmegaConf.select(main_config, "ray_kwargs.ray_init.address", default=None):
+        if select(main_config, "ray_kwargs.ray_init.address"):
             return
         import torch
 
@@ -91,6 +77,11 @@ class LocalBackend(RemoteBackend):
                 "is 0) and the run starts its own Ray cluster here, so the engine would wait for a GPU that never "
                 "comes. Fix: set remote_backend.local.device=cpu, or run where a GPU is visible (CUDA_VISIBLE_DEVICES)"
             )
+
+    @classmethod
+    def checkpoint_problem(cls, actor_dir: str, step: Optional[int]) -> Optional[str]:
+        """Resume validation (optional capability): does ``actor_dir`` match its manifest, file by file?"""
+        return local_checkpoint.checkpoint_problem(actor_dir, step)
 
     @classmethod
     def from_config(cls, main_config: "DictConfig", *, handle: Optional[dict[str, Any]] = None) -> "LocalBackend":
@@ -146,7 +137,7 @@ class LocalBackend(RemoteBackend):
             raise RuntimeError("this LocalBackend was destroyed; it has no engine to reconnect to")
         return {"kind": _HANDLE_KIND, "actor": self._actor, "info": dict(self._info)}
 
-    def destroy(self) -> None:
+    async def destroy(self) -> None:
         """Kill the engine if this client created it; otherwise only forget it. Idempotent."""
         if self._destroyed:
             return
@@ -160,7 +151,8 @@ class LocalBackend(RemoteBackend):
             except Exception:  # already dead, or Ray shut down: nothing left to release
                 pass
 
-    def requires_single_forwarder(self) -> bool:
+    @classmethod
+    def requires_single_forwarder(cls) -> bool:
         return True
 
     @property
@@ -178,7 +170,7 @@ class LocalBackend(RemoteBackend):
         rollout_n: int,
         temperature: float,
         pad_token_id: int,
-    ) -> dict[str, Any]:
+    ) -> LogProbResult:
         if isinstance(data, BatchRef):
             payload = data.ref  # a top-level argument: Ray resolves it in the engine's process
         else:
@@ -190,7 +182,15 @@ class LocalBackend(RemoteBackend):
                 payload, ref=ref, calculate_entropy=calculate_entropy, temperature=temperature
             )
         )
-        return outputs_to_torch(result)  # the engine sends numpy (local/transport.py)
+        raw = outputs_to_torch(result)  # the engine sends numpy (local/transport.py)
+        output = raw["model_output"]
+        return LogProbResult(
+            log_probs=output["log_probs"],
+            entropy=output.get("entropy"),
+            metrics=raw["metrics"],
+            device=BackendDevice.from_dict(raw["device"]),
+            compute_s=raw["compute_s"],
+        )
 
     async def update_actor(
         self,
@@ -200,13 +200,21 @@ class LocalBackend(RemoteBackend):
         pad_token_id: int,
         rollout_n: int,
         temperature: float,
-    ) -> dict[str, Any]:
+    ) -> UpdateResult:
         cfg = self._actor_config(actor_config)  # config errors surface here, before data travels
         payload = data.ref if isinstance(data, BatchRef) else to_wire(data)
-        return await _unwrap(self._live().update_actor.remote(payload, actor_config=cfg, temperature=temperature))
+        raw = await _unwrap(self._live().update_actor.remote(payload, actor_config=cfg, temperature=temperature))
+        return UpdateResult(
+            metrics=raw["metrics"],
+            loss=raw["loss"],
+            global_token_num=raw["global_token_num"],
+            device=BackendDevice.from_dict(raw["device"]),
+            compute_s=raw["compute_s"],
+        )
 
-    async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any]) -> dict[str, Any]:
-        return await _unwrap(self._live().generate.remote(list(prompt_ids), dict(sampling_params or {})))
+    async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any]) -> GenerateResult:
+        raw = await _unwrap(self._live().generate.remote(list(prompt_ids), dict(sampling_params or {})))
+        return GenerateResult(**raw)
 
     async def update_weights(self) -> dict[str, Any]:
         return await _unwrap(self._live().update_weights.remote())
@@ -219,10 +227,6 @@ class LocalBackend(RemoteBackend):
     async def load_checkpoint(self, path: str, step: Optional[int] = None) -> None:
         """Resume: restore model, optimizer, LR schedule, RNG and counters from ``path``."""
         await _unwrap(self._live().load_checkpoint.remote(path, step))
-
-    async def engine_info(self) -> dict[str, Any]:
-        """Live engine status (policy_version, optimizer_steps, pid, batches_run, ...)."""
-        return await _unwrap(self._live().info.remote())
 
     async def health(self) -> None:
         """Liveness probe: returns when the engine actor answers, raises when it is gone."""

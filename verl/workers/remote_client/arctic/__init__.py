@@ -1,11 +1,7 @@
-"""Helpers of the ``arctic`` backend (``verl.workers.remote_client.arctic_rl_client``).
+"""Helpers of the ``arctic`` backend (:mod:`verl.workers.remote_client.arctic_rl_client`).
 
-``payload``: pure tensor mapping between verl's batch layout and Arctic's dense one.
-``bodies``: Arctic request bodies (batch, meta, processing) built from verl batches.
-``launcher``: starting and stopping a local Arctic RL server process.
-``config``: the typed ``remote_backend.arctic`` config; ``derive``: settings derived from verl's config and the Arctic client config.
-``generation``: token-id prompts over the text-only /generate (round-trip proof, result parsing).
-``errors``: error translation and response validation.
-
+The parts of the adapter that can be built and tested without an Arctic server: config and the
+settings derived from verl's, request bodies and tensor mapping, token-id generation, the
+checkpoint format, error translation and the launcher of a local server process.
 Importing this package does not import ``arctic_platform``.
 """

@@ -9,24 +9,29 @@ adapter sends them. See :mod:`.payload` for the layouts.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional
 
 import torch
 
-from verl.workers.remote_client.arctic.payload import (
-    PayloadError,
-    minibatch_indices,
-    njt_to_dense,
-    response_to_full,
-    to_json_safe,
-)
+from verl.workers.remote_client.arctic.errors import PayloadError
+from verl.workers.remote_client.arctic.json_data import to_json_safe
+from verl.workers.remote_client.arctic.payload import njt_to_dense, response_to_full
 
 if TYPE_CHECKING:
     from tensordict import TensorDict
 
     from verl.workers.remote_client.arctic.config import ArcticConfig
 
-__all__ = ["FORWARD_PROCESSING", "non_tensor", "forward_processing", "update_processing", "base_meta", "dense_batch", "update_minibatches"]
+__all__ = [
+    "FORWARD_PROCESSING",
+    "non_tensor",
+    "forward_processing",
+    "update_processing",
+    "base_meta",
+    "dense_batch",
+    "update_minibatches",
+    "minibatch_indices",
+]
 
 # Temperature first (verl divides logits by it before the softmax), then
 # log-probs/entropy with the server's predict-next labels.
@@ -139,7 +144,7 @@ def update_minibatches(
     """Split verl's update batch into Arctic ``fwd_bwd`` bodies, one per PPO mini-batch.
 
     Order and membership of the mini-batches follow verl's actor
-    (:func:`.payload.minibatch_indices`). Per-token response tensors go
+    (:func:`minibatch_indices`). Per-token response tensors go
     full-width (:func:`.payload.response_to_full`), ``loss_mask`` =
     ``response_mask``. ``meta`` gains ``global_batch_size`` (samples per
     mini-batch), ``batch_num_tokens`` (response tokens in this mini-batch),
@@ -172,3 +177,45 @@ def update_minibatches(
             policy_loss_config=policy_loss_json,
         )
         yield MiniBatch(rows=rows, body={"batch": chunk, "meta": mb_meta})
+
+
+def minibatch_indices(
+    batch_size: int,
+    mini_batch_size: int,
+    epochs: int = 1,
+    seed: Optional[int] = 42,
+    dataloader_kwargs: Optional[Mapping[str, Any]] = None,
+) -> Iterator[torch.Tensor]:
+    """Row indices of each PPO mini-batch, in the order verl's actor visits them.
+
+    Mirrors ``verl.utils.tensordict_utils.make_iterator`` (which the verl actor
+    uses through ``train_mini_batch``): a ``DataLoader`` over ``arange(B)`` with a
+    generator seeded with ``seed`` and ``dataloader_kwargs`` (``shuffle``), run
+    ``epochs`` times. Same construction => same permutation as verl's own actor.
+
+    Yields:
+        int64 ``[mini_batch_size]`` index tensors, ``epochs * B // mini_batch_size`` of them.
+    """
+    from torch.utils.data import DataLoader
+
+    if mini_batch_size <= 0 or batch_size % mini_batch_size != 0:
+        raise PayloadError(
+            f"batch size {batch_size} is not divisible by the PPO mini-batch size {mini_batch_size} "
+            "(actor_rollout_ref.actor.ppo_mini_batch_size x rollout.n)"
+        )
+    if epochs < 1:
+        raise PayloadError(f"epochs must be >= 1 (actor_rollout_ref.actor.ppo_epochs), got {epochs}")
+    generator = None
+    if seed is not None:
+        generator = torch.Generator()
+        generator.manual_seed(int(seed))
+    loader = DataLoader(
+        dataset=torch.arange(batch_size),
+        batch_size=mini_batch_size,
+        collate_fn=lambda rows: rows,
+        generator=generator,
+        **dict(dataloader_kwargs or {}),
+    )
+    for _ in range(epochs):
+        for rows in loader:
+            yield torch.stack(list(rows)).to(torch.int64)

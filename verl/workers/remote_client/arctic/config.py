@@ -1,29 +1,28 @@
-"""``remote_backend.arctic.*``: the typed config (dataclasses) and its loading/validation.
+"""``remote_backend.arctic.*``: the typed settings of the Arctic backend, with their constraints.
 
 Defaults live in ``verl/remote_backend/config/remote_backend/arctic.yaml`` (every
-key documented there). A ``null`` there means "derive it from verl's config";
-the derivations are in :mod:`.derive`. Nothing here imports ``arctic_platform``.
+key documented there). A ``null`` there means "derive it from verl's config"
+(:mod:`.derive`). Loaded by :func:`verl.remote_backend.settings.load_settings`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
-if TYPE_CHECKING:
-    from omegaconf import DictConfig
+from verl.remote_backend.errors import ConfigError
+from verl.remote_backend.settings import load_settings, setting
 
-__all__ = ["ArcticConfig", "ConfigError", "load_arctic_config"]
+__all__ = ["ArcticConfig", "load_arctic_config", "CONFIG_KEY"]
 
-class ConfigError(ValueError):
-    """A ``remote_backend.arctic`` setting (or the verl setting it derives from) is invalid."""
+#: Where the block sits in verl's main config.
+CONFIG_KEY = "remote_backend.arctic"
 
 
 @dataclass
 class ZorroConfig:
     train: bool = False
-    max_rollouts: Optional[int] = None
+    max_rollouts: Optional[int] = setting(None, ge=1)
     load_balancer: bool = True
     fca: bool = False
     speculative_model: str = ""
@@ -31,8 +30,8 @@ class ZorroConfig:
 
 @dataclass
 class LogitsConfig:
-    optimization: str = "none"
-    peak_mem_gib: float = 4.0
+    optimization: str = setting("none", choices=("none", "compute", "memory"))
+    peak_mem_gib: float = setting(4.0, gt=0)
     compute_in_fp32: bool = False
     compute_from_fp32_inputs: bool = False
 
@@ -47,14 +46,14 @@ class WeightSyncConfig:
 @dataclass
 class GenerateConfig:
     add_special_tokens: bool = True
-    max_concurrency: Optional[int] = None
+    max_concurrency: Optional[int] = setting(None, ge=1, fix="set it to >= 1, or null to follow the sampler")
 
 
 @dataclass
 class SamplingConfig:
-    tensor_parallel_size: int = 1
-    gpu_memory_utilization: Optional[float] = None
-    max_num_seqs: Optional[int] = None
+    tensor_parallel_size: int = setting(1, ge=1)
+    gpu_memory_utilization: Optional[float] = setting(None, gt=0)
+    max_num_seqs: Optional[int] = setting(None, ge=1)
     enforce_eager: Optional[bool] = None
     enable_chunked_prefill: Optional[bool] = None
     vllm: dict = field(default_factory=dict)
@@ -63,7 +62,7 @@ class SamplingConfig:
 @dataclass
 class DeviceConfig:
     type: str = "cuda"
-    peak_flops: Optional[float] = None
+    peak_flops: Optional[float] = setting(None, gt=0)
     name: Optional[str] = None
 
 
@@ -73,16 +72,16 @@ class ArcticConfig:
 
     protocol: str = "http"
     host: str = "127.0.0.1"
-    port: int = 8000
+    port: int = setting(8000, ge=1, lt=65536)
     launch_server: bool = False
     launch_command: Optional[list] = None
-    startup_timeout_s: float = 600.0
-    connect_timeout_s: float = 10.0
-    request_timeout_s: float = 1800.0
-    job_ready_timeout_s: float = 1800.0
-    training_gpus: int = 1
-    sampling_gpus: int = 1
-    log_prob_gpus: Optional[int] = None
+    startup_timeout_s: float = setting(600.0, gt=0)
+    connect_timeout_s: float = setting(10.0, gt=0)
+    request_timeout_s: float = setting(1800.0, gt=0)
+    job_ready_timeout_s: float = setting(1800.0, gt=0)
+    training_gpus: int = setting(1, ge=1)
+    sampling_gpus: int = setting(1, ge=1, fix="verl's rollout samples through Arctic: give it at least one GPU")
+    log_prob_gpus: Optional[int] = setting(None, ge=0, fix="set it to >= 0, or null to derive it")
     colocate: bool = True
     seed: Optional[int] = None
     full_determinism: bool = False
@@ -90,7 +89,7 @@ class ArcticConfig:
     export_hf: bool = False
     loss_fn: str = "verl_grpo"
     strict_loss_check: bool = True
-    micro_batch_size: Optional[int] = None
+    micro_batch_size: Optional[int] = setting(None, ge=1)
     drop_position_ids: bool = True
     deepspeed: dict = field(default_factory=dict)
     ds_worker: dict = field(default_factory=dict)
@@ -101,9 +100,9 @@ class ArcticConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
 
-    def validate(self) -> None:
-        """Reject impossible settings early, naming the key and the fix."""
-        p = "remote_backend.arctic"
+    def __post_init__(self) -> None:
+        """Rules that span fields, or whose value needs its own explanation."""
+        p = CONFIG_KEY
         if self.protocol == "ray":
             raise ConfigError(
                 f"{p}.protocol='ray' is not supported: this adapter is tested end to end only over HTTP against "
@@ -112,62 +111,23 @@ class ArcticConfig:
                 "`python -m arctic_platform.common.http_server` itself)"
             )
         if self.protocol != "http":
-            raise ConfigError(f"{p}.protocol must be 'http', got {self.protocol!r}")
-        if self.training_gpus < 1:
-            raise ConfigError(f"{p}.training_gpus must be >= 1, got {self.training_gpus}")
-        if self.sampling_gpus < 1:
-            raise ConfigError(f"{p}.sampling_gpus must be >= 1 (verl's rollout samples through Arctic), got {self.sampling_gpus}")
-        if self.log_prob_gpus is not None and self.log_prob_gpus < 0:
-            raise ConfigError(f"{p}.log_prob_gpus must be >= 0 or null, got {self.log_prob_gpus}")
+            raise ConfigError(f"{p}.protocol={self.protocol!r}: must be 'http'. Fix: set {p}.protocol=http")
         if self.weight_sync.cuda_ipc and not self.colocate:
-            raise ConfigError(f"{p}.weight_sync.cuda_ipc=true requires {p}.colocate=true (CUDA IPC shares one GPU)")
-        if self.logits.optimization not in ("none", "compute", "memory"):
-            raise ConfigError(f"{p}.logits.optimization must be none|compute|memory, got {self.logits.optimization!r}")
+            raise ConfigError(
+                f"{p}.weight_sync.cuda_ipc=true requires {p}.colocate=true (CUDA IPC shares one GPU). "
+                f"Fix: set {p}.colocate=true or {p}.weight_sync.cuda_ipc=false"
+            )
         if self.logits.optimization == "memory" and not self.zorro.train:
-            raise ConfigError(f"{p}.logits.optimization=memory requires {p}.zorro.train=true")
-        for name in ("connect_timeout_s", "request_timeout_s", "startup_timeout_s", "job_ready_timeout_s"):
-            if float(getattr(self, name)) <= 0:
-                raise ConfigError(f"{p}.{name} must be > 0, got {getattr(self, name)}")
-        if self.generate.max_concurrency is not None and self.generate.max_concurrency < 1:
-            raise ConfigError(f"{p}.generate.max_concurrency must be >= 1, got {self.generate.max_concurrency}")
+            raise ConfigError(
+                f"{p}.logits.optimization=memory requires {p}.zorro.train=true. "
+                f"Fix: set {p}.zorro.train=true or {p}.logits.optimization=compute"
+            )
 
 
-def _from_dict(cls: type, raw: dict, prefix: str) -> Any:
-    """Build dataclass ``cls`` from ``raw``, refusing unknown keys (typos fail loudly)."""
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - set(fields))
-    if unknown:
-        raise ConfigError(f"Unknown key(s) {[f'{prefix}.{k}' for k in unknown]}; known: {sorted(fields)}")
-    kwargs = {}
-    for name, value in raw.items():
-        ftype = fields[name].type
-        nested = {
-            "ZorroConfig": ZorroConfig,
-            "LogitsConfig": LogitsConfig,
-            "WeightSyncConfig": WeightSyncConfig,
-            "GenerateConfig": GenerateConfig,
-            "SamplingConfig": SamplingConfig,
-            "DeviceConfig": DeviceConfig,
-        }.get(ftype if isinstance(ftype, str) else getattr(ftype, "__name__", ""))
-        if nested is not None and isinstance(value, dict):
-            value = _from_dict(nested, value, f"{prefix}.{name}")
-        kwargs[name] = value
-    return cls(**kwargs)
+def load_arctic_config(main_config: Any) -> ArcticConfig:
+    """``main_config.remote_backend.arctic`` (absent: all defaults), typed and checked.
 
-
-def _select(cfg: Any, path: str, default: Any = None) -> Any:
-    from omegaconf import OmegaConf
-
-    value = OmegaConf.select(cfg, path, default=default)
-    return default if value is None else value
-
-
-def load_arctic_config(main_config: "DictConfig") -> ArcticConfig:
-    """Read ``main_config.remote_backend.arctic`` (absent -> all defaults), typed and validated."""
-    from omegaconf import OmegaConf
-
-    block = OmegaConf.select(main_config, "remote_backend.arctic", default=None)
-    raw = {} if block is None else OmegaConf.to_container(block, resolve=True)
-    cfg = _from_dict(ArcticConfig, raw or {}, "remote_backend.arctic")
-    cfg.validate()
-    return cfg
+    Raises:
+        ConfigError: an unknown key, a wrong type, a value out of range or an impossible combination.
+    """
+    return load_settings(ArcticConfig, main_config, CONFIG_KEY)

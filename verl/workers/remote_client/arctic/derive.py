@@ -8,15 +8,13 @@ done here in one place so the derivation is testable:
 Arctic setting                  derived from
 ==============================  ==================================================
 optimizer lr / betas / wd       ``actor_rollout_ref.actor.optim``
-gradient clipping               ``actor.optim.clip_grad`` (else ``actor.grad_clip``)
-LR warmup / cosine schedule     ``actor.optim.lr_warmup_steps(_ratio)``,
-                                ``lr_scheduler_type``, ``min_lr_ratio``,
-                                ``total_training_steps`` (x optimizer steps per step)
+gradient clipping               ``verl_settings.max_grad_norm``
+LR warmup / cosine schedule     ``verl_settings.lr_schedule`` (x optimizer steps per step)
 samples per optimizer step      ``actor.ppo_mini_batch_size x rollout.n``
 micro-batch size                ``actor.ppo_micro_batch_size_per_gpu`` (else 1)
 max sequence length             ``data.max_prompt_length + data.max_response_length``
 checkpoint directory            ``trainer.default_local_dir``
-reference (log-prob) GPUs       1 when the run needs a reference model, else 0
+reference (log-prob) GPUs       1 when ``verl_settings.needs_reference``, else 0
 vLLM memory / batching          ``actor_rollout_ref.rollout.*``
 ==============================  ==================================================
 
@@ -29,15 +27,17 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING, Any, Optional
 
-from verl.workers.remote_client.arctic.config import ArcticConfig, ConfigError, _select
-from verl.workers.remote_client.arctic.payload import to_json_safe
+from verl.remote_backend.errors import ConfigError
+from verl.remote_backend.settings import select
+from verl.remote_backend.verl_settings import lr_schedule, max_grad_norm, model_path, needs_reference
+from verl.workers.remote_client.arctic.config import ArcticConfig
+from verl.workers.remote_client.arctic.json_data import to_json_safe
 
 if TYPE_CHECKING:
     from arctic_platform.client import ArcticClientConfig
     from omegaconf import DictConfig
 
 __all__ = [
-    "needs_reference",
     "derive_ds_config",
     "derive_ds_worker_config",
     "derive_vllm_config",
@@ -50,18 +50,11 @@ __all__ = [
 ]
 
 
-def needs_reference(main_config: "DictConfig") -> bool:
-    """True when the run computes reference log-probs (KL loss or KL in reward)."""
-    return bool(_select(main_config, "actor_rollout_ref.actor.use_kl_loss", False)) or bool(
-        _select(main_config, "algorithm.use_kl_in_reward", False)
-    )
-
-
 def optimizer_steps_per_global_step(main_config: "DictConfig") -> int:
     """DeepSpeed optimizer steps per verl global step: ``train_batch_size / ppo_mini_batch_size x ppo_epochs``."""
-    train_bs = int(_select(main_config, "data.train_batch_size", 1))
-    mini_bs = int(_select(main_config, "actor_rollout_ref.actor.ppo_mini_batch_size", train_bs))
-    epochs = int(_select(main_config, "actor_rollout_ref.actor.ppo_epochs", 1))
+    train_bs = int(select(main_config, "data.train_batch_size", 1))
+    mini_bs = int(select(main_config, "actor_rollout_ref.actor.ppo_mini_batch_size", train_bs))
+    epochs = int(select(main_config, "actor_rollout_ref.actor.ppo_epochs", 1))
     return max(1, train_bs // max(1, mini_bs)) * epochs
 
 
@@ -75,10 +68,10 @@ def derive_ds_config(main_config: "DictConfig", arctic: ArcticConfig, *, n_gpus:
     ``remote_backend.arctic.deepspeed`` is merged on top (it wins).
     """
     actor = "actor_rollout_ref.actor"
-    rollout_n = int(_select(main_config, "actor_rollout_ref.rollout.n", 1))
-    mini_bs = int(_select(main_config, f"{actor}.ppo_mini_batch_size", 1)) * rollout_n
-    micro = int(arctic.micro_batch_size or _select(main_config, f"{actor}.ppo_micro_batch_size_per_gpu", 1) or 1)
-    if _select(main_config, f"{actor}.loss_agg_mode", "token-mean") == "seq-mean-token-mean":
+    rollout_n = int(select(main_config, "actor_rollout_ref.rollout.n", 1))
+    mini_bs = int(select(main_config, f"{actor}.ppo_mini_batch_size", 1)) * rollout_n
+    micro = int(arctic.micro_batch_size or select(main_config, f"{actor}.ppo_micro_batch_size_per_gpu", 1) or 1)
+    if select(main_config, f"{actor}.loss_agg_mode", "token-mean") == "seq-mean-token-mean":
         # The server's loss sees each micro-batch as one packed row [1, T]: its per-sequence mean is a
         # per-micro-batch mean. With one sequence per micro-batch the two coincide.
         if arctic.micro_batch_size not in (None, 1):
@@ -102,21 +95,17 @@ def derive_ds_config(main_config: "DictConfig", arctic: ArcticConfig, *, n_gpus:
     }
     if training:
         optim = f"{actor}.optim"
-        lr = float(_select(main_config, f"{optim}.lr", 1e-6))
+        lr = float(select(main_config, f"{optim}.lr", 1e-6))
         ds["optimizer"] = {
             "type": "AdamW",
             "params": {
                 "lr": lr,
-                "betas": [float(b) for b in _select(main_config, f"{optim}.betas", [0.9, 0.999])],
-                "weight_decay": float(_select(main_config, f"{optim}.weight_decay", 0.01)),
+                "betas": [float(b) for b in select(main_config, f"{optim}.betas", [0.9, 0.999])],
+                "weight_decay": float(select(main_config, f"{optim}.weight_decay", 0.01)),
                 "eps": 1e-8,
             },
         }
-        clip = _select(main_config, f"{optim}.clip_grad", None)
-        if clip is None:
-            clip = _select(main_config, f"{actor}.grad_clip", None)
-        if clip is not None and float(clip) > 0:
-            ds["gradient_clipping"] = float(clip)
+        ds["gradient_clipping"] = max_grad_norm(main_config)
         scheduler = _derive_scheduler(main_config, lr)
         if scheduler is not None:
             ds["scheduler"] = scheduler
@@ -128,41 +117,32 @@ def derive_ds_config(main_config: "DictConfig", arctic: ArcticConfig, *, n_gpus:
 
 
 def _derive_scheduler(main_config: "DictConfig", lr: float) -> Optional[dict]:
-    optim = "actor_rollout_ref.actor.optim"
-    kind = str(_select(main_config, f"{optim}.lr_scheduler_type", None) or _select(main_config, f"{optim}.warmup_style", "constant"))
-    total = int(_select(main_config, f"{optim}.total_training_steps", -1) or -1)
-    if total <= 0:
-        total = int(_select(main_config, "trainer.total_training_steps", -1) or -1)
-    warmup = int(_select(main_config, f"{optim}.lr_warmup_steps", -1) or -1)
-    ratio = float(_select(main_config, f"{optim}.lr_warmup_steps_ratio", 0.0) or 0.0)
-    if warmup <= 0 and ratio > 0:
-        if total <= 0:
-            raise ConfigError(
-                f"{optim}.lr_warmup_steps_ratio={ratio} needs the number of training steps, but neither "
-                f"{optim}.total_training_steps nor trainer.total_training_steps is set"
-            )
-        warmup = int(ratio * total)
+    """verl's schedule (:func:`~verl.remote_backend.verl_settings.lr_schedule`) as DeepSpeed's, in optimizer steps."""
+    schedule = lr_schedule(main_config)
     per_step = optimizer_steps_per_global_step(main_config)
-    warmup_opt = max(0, warmup) * per_step
-    if kind == "cosine":
-        if total <= 0:
-            raise ConfigError(f"{optim}.lr_scheduler_type=cosine needs total_training_steps to be known")
+    warmup = schedule.warmup_steps * per_step
+    if schedule.style == "cosine":
+        if schedule.num_cycles != 0.5:
+            raise ConfigError.for_setting(
+                "actor_rollout_ref.actor.optim.num_cycles",
+                schedule.num_cycles,
+                "DeepSpeed's WarmupCosineLR decays over one half-wave only",
+                "set it to 0.5 (verl's default), or use lr_scheduler_type=constant",
+            )
         return {
             "type": "WarmupCosineLR",
             "params": {
-                "total_num_steps": total * per_step,
-                "warmup_num_steps": warmup_opt,
+                "total_num_steps": schedule.total_steps * per_step,
+                "warmup_num_steps": warmup,
                 "warmup_min_ratio": 0.0,
-                "cos_min_ratio": float(_select(main_config, f"{optim}.min_lr_ratio", 0.0) or 0.0),
+                "cos_min_ratio": schedule.min_lr_ratio,
                 "warmup_type": "linear",
             },
         }
-    if kind != "constant":
-        raise ConfigError(f"{optim}.lr_scheduler_type={kind!r} has no DeepSpeed equivalent here; use constant or cosine")
-    if warmup_opt > 0:
+    if warmup > 0:
         return {
             "type": "WarmupLR",
-            "params": {"warmup_min_lr": 0.0, "warmup_max_lr": lr, "warmup_num_steps": warmup_opt, "warmup_type": "linear"},
+            "params": {"warmup_min_lr": 0.0, "warmup_max_lr": lr, "warmup_num_steps": warmup, "warmup_type": "linear"},
         }
     return None
 
@@ -171,18 +151,18 @@ def derive_ds_worker_config(main_config: "DictConfig", arctic: ArcticConfig) -> 
     """Arctic's DeepSpeed worker knobs from ``actor_rollout_ref.model``; the ``ds_worker`` block wins."""
     model = "actor_rollout_ref.model"
     worker: dict[str, Any] = {
-        "use_liger": bool(_select(main_config, f"{model}.use_liger", False)),
-        "enable_gradient_checkpointing": bool(_select(main_config, f"{model}.enable_gradient_checkpointing", True)),
-        "attn_implementation": _select(main_config, f"{model}.override_config.attn_implementation", "flash_attention_2"),
+        "use_liger": bool(select(main_config, f"{model}.use_liger", False)),
+        "enable_gradient_checkpointing": bool(select(main_config, f"{model}.enable_gradient_checkpointing", True)),
+        "attn_implementation": select(main_config, f"{model}.override_config.attn_implementation", "flash_attention_2"),
     }
     if arctic.zorro.train:
-        data_len = int(_select(main_config, "data.max_response_length", 0))
+        data_len = int(select(main_config, "data.max_response_length", 0))
         worker.update(
             zorro_train_enable=True,
             response_len=data_len,
-            max_token_len=int(_select(main_config, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", 16384)),
-            rollout_n=int(_select(main_config, "actor_rollout_ref.rollout.n", 1)),
-            temperature=float(_select(main_config, "actor_rollout_ref.rollout.temperature", 1.0)),
+            max_token_len=int(select(main_config, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", 16384)),
+            rollout_n=int(select(main_config, "actor_rollout_ref.rollout.n", 1)),
+            temperature=float(select(main_config, "actor_rollout_ref.rollout.temperature", 1.0)),
             use_unpad=True,
             logits_optimization=arctic.logits.optimization,
             logits_optimization_peak_mem_size_in_gib=arctic.logits.peak_mem_gib,
@@ -193,7 +173,7 @@ def derive_ds_worker_config(main_config: "DictConfig", arctic: ArcticConfig) -> 
 
 
 def max_seq_len(main_config: "DictConfig") -> int:
-    return int(_select(main_config, "data.max_prompt_length", 512)) + int(_select(main_config, "data.max_response_length", 512))
+    return int(select(main_config, "data.max_prompt_length", 512)) + int(select(main_config, "data.max_response_length", 512))
 
 
 def derive_vllm_config(main_config: "DictConfig", arctic: ArcticConfig) -> dict:
@@ -202,14 +182,14 @@ def derive_vllm_config(main_config: "DictConfig", arctic: ArcticConfig) -> dict:
     s = arctic.sampling
     vllm = {
         "tensor_parallel_size": int(s.tensor_parallel_size),
-        "gpu_memory_utilization": float(s.gpu_memory_utilization or _select(main_config, f"{rollout}.gpu_memory_utilization", 0.5)),
-        "max_model_len": int(_select(main_config, f"{rollout}.max_model_len", None) or max_seq_len(main_config)),
-        "max_num_seqs": int(s.max_num_seqs or _select(main_config, f"{rollout}.max_num_seqs", 1024)),
-        "enforce_eager": bool(s.enforce_eager if s.enforce_eager is not None else _select(main_config, f"{rollout}.enforce_eager", False)),
+        "gpu_memory_utilization": float(s.gpu_memory_utilization or select(main_config, f"{rollout}.gpu_memory_utilization", 0.5)),
+        "max_model_len": int(select(main_config, f"{rollout}.max_model_len", None) or max_seq_len(main_config)),
+        "max_num_seqs": int(s.max_num_seqs or select(main_config, f"{rollout}.max_num_seqs", 1024)),
+        "enforce_eager": bool(s.enforce_eager if s.enforce_eager is not None else select(main_config, f"{rollout}.enforce_eager", False)),
         "enable_chunked_prefill": bool(
             s.enable_chunked_prefill
             if s.enable_chunked_prefill is not None
-            else _select(main_config, f"{rollout}.enable_chunked_prefill", True)
+            else select(main_config, f"{rollout}.enable_chunked_prefill", True)
         ),
     }
     return _deep_merge(vllm, to_json_safe(s.vllm) or {})
@@ -236,20 +216,17 @@ def build_client_config(main_config: "DictConfig", arctic: ArcticConfig) -> "Arc
     from arctic_platform.client import SamplingConfig as ArcticSamplingConfig
     from arctic_platform.client import TrainingConfig
 
-    model_path = _select(main_config, "actor_rollout_ref.model.path", None)
-    if not model_path:
-        raise ConfigError("actor_rollout_ref.model.path is not set; Arctic needs the model to train and serve")
     log_prob_gpus = resolved_log_prob_gpus(main_config, arctic)
     if needs_reference(main_config) and log_prob_gpus == 0:
         raise ConfigError(
             "this run needs reference log-probs (actor.use_kl_loss or algorithm.use_kl_in_reward), but "
             "remote_backend.arctic.log_prob_gpus=0; Arctic computes them on its log-prob job: set it to >= 1"
         )
-    checkpoint_dir = arctic.checkpoint_dir or _select(main_config, "trainer.default_local_dir", None)
+    checkpoint_dir = arctic.checkpoint_dir or select(main_config, "trainer.default_local_dir", None)
     if not checkpoint_dir:
         raise ConfigError("set remote_backend.arctic.checkpoint_dir or trainer.default_local_dir (Arctic's training job needs one)")
     return ArcticClientConfig(
-        model_name=str(model_path),
+        model_name=model_path(main_config),
         seed=arctic.seed,
         max_seq_len=max_seq_len(main_config),
         training_gpus=int(arctic.training_gpus),
@@ -318,14 +295,14 @@ def check_loss_compatibility(main_config: "DictConfig", arctic: ArcticConfig) ->
         return []
     actor = "actor_rollout_ref.actor"
     problems = []
-    mode = _select(main_config, f"{actor}.policy_loss.loss_mode", "vanilla")
+    mode = select(main_config, f"{actor}.policy_loss.loss_mode", "vanilla")
     if mode != "vanilla":
         problems.append(f"{actor}.policy_loss.loss_mode={mode!r} (Arctic's verl_grpo loss implements 'vanilla' only)")
     for key, fixed in _VERL_GRPO_FIXED.items():
-        value = _select(main_config, f"{actor}.{key}", fixed)
+        value = select(main_config, f"{actor}.{key}", fixed)
         if value is not None and abs(float(value) - fixed) > 1e-12:
             problems.append(f"{actor}.{key}={value} (Arctic's verl_grpo loss uses {fixed})")
-    agg = _select(main_config, f"{actor}.loss_agg_mode", "token-mean")
+    agg = select(main_config, f"{actor}.loss_agg_mode", "token-mean")
     if agg not in SUPPORTED_AGG_MODES:
         why = (
             "the server divides by the packed micro-batch length instead of verl's response width"
@@ -333,16 +310,16 @@ def check_loss_compatibility(main_config: "DictConfig", arctic: ArcticConfig) ->
             else "unknown to Arctic's verl_grpo loss"
         )
         problems.append(f"{actor}.loss_agg_mode={agg!r}: {why} (supported: {list(SUPPORTED_AGG_MODES)})")
-    if _select(main_config, f"{actor}.loss_scale_factor", None) is not None:
+    if select(main_config, f"{actor}.loss_scale_factor", None) is not None:
         problems.append(f"{actor}.loss_scale_factor is set (Arctic's verl_grpo loss ignores it)")
-    entropy_coeff = float(_select(main_config, f"{actor}.entropy_coeff", 0.0) or 0.0)
+    entropy_coeff = float(select(main_config, f"{actor}.entropy_coeff", 0.0) or 0.0)
     if entropy_coeff != 0.0 and not arctic.zorro.train:
         problems.append(
             f"{actor}.entropy_coeff={entropy_coeff}: without ZoRRo Arctic's loss weights the entropy of the "
             "position after each response token (set entropy_coeff=0, or remote_backend.arctic.zorro.train=true)"
         )
-    if bool(_select(main_config, f"{actor}.use_kl_loss", False)):
-        kl_type = str(_select(main_config, f"{actor}.kl_loss_type", "low_var_kl"))
+    if bool(select(main_config, f"{actor}.use_kl_loss", False)):
+        kl_type = str(select(main_config, f"{actor}.kl_loss_type", "low_var_kl"))
         if kl_type not in _KL_TYPES:
             problems.append(f"{actor}.kl_loss_type={kl_type!r} (Arctic's verl_grpo loss implements {list(_KL_TYPES)})")
     return problems

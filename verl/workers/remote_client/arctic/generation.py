@@ -1,37 +1,21 @@
 """Token-in/token-out generation over Arctic's text-prompt ``/generate`` (no network here).
 
-Arctic RL's on-prem ``/generate`` takes *text* prompts (``GenerateRequest.prompts:
-list[str]``) and tokenizes them in its sampler, but answers with the sampler's own
-``token_ids``. verl hands us token ids, so the prompt must survive
-``ids -> decode -> the server's tokenization`` unchanged; :func:`prompt_text`
-proves that per request (same tokenizer, same ``add_special_tokens`` as the
-server) or raises :class:`PromptRoundTripError`. Completions are never
-re-tokenized.
+Arctic RL's ``/generate`` takes *text* prompts and tokenizes them itself, but answers with the
+sampler's own ``token_ids``. verl hands over token ids, so this module owns the proof that a
+prompt survives ``ids -> text -> the server's tokenization`` unchanged, and the parsing of the
+results into the contract's ``GenerateResult``. Completions are never re-tokenized.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from verl.workers.remote_client.arctic.errors import ArcticResponseError, PromptRoundTripError, require
+from verl.remote_backend.results import GenerateResult
+from verl.remote_backend.settings import select
+from verl.workers.remote_client.arctic.errors import ArcticResponseError, PromptRoundTripError
+from verl.workers.remote_client.arctic.responses import require
 
-__all__ = ["get_path", "load_tokenizer", "prompt_text", "parse_result"]
-
-
-def get_path(cfg: Any, path: str, default: Any = None) -> Any:
-    """Dotted lookup on an OmegaConf node, a verl config dataclass or a dict (``default`` when absent/None)."""
-    node = cfg
-    for part in path.split("."):
-        if node is None:
-            return default
-        if isinstance(node, dict) or hasattr(node, "keys") and not hasattr(node, part):
-            try:
-                node = node.get(part, None)
-            except Exception:
-                node = None
-        else:
-            node = getattr(node, part, None)
-    return default if node is None else node
+__all__ = ["load_tokenizer", "prompt_text", "parse_result"]
 
 
 def load_tokenizer(main_config: Any) -> Any:
@@ -39,8 +23,8 @@ def load_tokenizer(main_config: Any) -> Any:
     from transformers import AutoTokenizer
 
     model = "actor_rollout_ref.model"
-    path = get_path(main_config, f"{model}.tokenizer_path") or get_path(main_config, f"{model}.path")
-    return AutoTokenizer.from_pretrained(path, trust_remote_code=bool(get_path(main_config, f"{model}.trust_remote_code", False)))
+    path = select(main_config, f"{model}.tokenizer_path") or select(main_config, f"{model}.path")
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=bool(select(main_config, f"{model}.trust_remote_code", False)))
 
 
 def prompt_text(tokenizer: Any, ids: list[int], *, add_special_tokens: bool) -> str:
@@ -61,14 +45,14 @@ def prompt_text(tokenizer: Any, ids: list[int], *, add_special_tokens: bool) -> 
     return text
 
 
-def parse_result(result: Any, *, want_logprobs: bool) -> dict[str, Any]:
-    """One ``/generate`` result -> the contract's ``{"token_ids", "log_probs", "stop_reason"}``."""
+def parse_result(result: Any, *, want_logprobs: bool) -> GenerateResult:
+    """One ``/generate`` result -> the contract's :class:`GenerateResult`."""
     token_ids = require(result, "token_ids", op="generate", where="generate result", kind=list)
     if not all(isinstance(t, int) and not isinstance(t, bool) for t in token_ids):
         raise ArcticResponseError("Arctic generate: generate result.token_ids must be a list of ints")
     log_probs = _sampled_logprobs(result, token_ids) if want_logprobs else None
     finish = result.get("finish_reason")
-    return {"token_ids": token_ids, "log_probs": log_probs, "stop_reason": "aborted" if finish == "abort" else "completed"}
+    return GenerateResult(token_ids, log_probs, "aborted" if finish == "abort" else "completed")
 
 
 def _sampled_logprobs(result: dict, token_ids: list[int]) -> list[float]:

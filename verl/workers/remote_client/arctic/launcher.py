@@ -1,12 +1,8 @@
 """Start and stop an Arctic RL HTTP server as a child process of the backend.
 
-Used when ``remote_backend.arctic.launch_server=true``. We launch the server
-ourselves instead of through the Arctic client's own launcher because that one
-binds ``0.0.0.0``; here the server binds ``remote_backend.arctic.host``
-(127.0.0.1 by default). The command line is the real server's
-(``python -m arctic_platform.common.http_server --host --port --training-gpus
---sampling-gpus --log-prob-gpus --log-prob-engine [--colocate]``), so any server
-speaking that CLI (the CPU stand-in of the tests too) can be launched.
+Used when ``remote_backend.arctic.launch_server=true``. The backend launches the server itself,
+rather than through the Arctic client's own launcher, because that one binds ``0.0.0.0``; here
+the server binds ``remote_backend.arctic.host`` (127.0.0.1 by default).
 """
 
 from __future__ import annotations
@@ -20,7 +16,8 @@ import tempfile
 import time
 from typing import Optional, Sequence
 
-from verl.workers.remote_client.arctic.errors import ArcticUnreachableError, probe_health
+from verl.workers.remote_client.arctic.errors import ArcticUnreachableError
+from verl.workers.remote_client.arctic.server_http import probe_health
 
 __all__ = ["ServerProcess", "launch_server"]
 
@@ -75,6 +72,10 @@ def launch_server(
     log_dir: Optional[str] = None,
 ) -> ServerProcess:
     """Start the server and wait until ``/health`` answers.
+
+    ``command`` (default ``python -m arctic_platform.common.http_server``) gets the real server's
+    arguments appended (``--host --port --training-gpus --sampling-gpus --log-prob-gpus
+    --log-prob-engine [--colocate]``), so any server speaking that CLI can be launched.
 
     The child runs in its own process session (so :meth:`ServerProcess.stop`
     also ends the workers it spawns) and logs to ``<log_dir>/arctic_server_<port>.log``.

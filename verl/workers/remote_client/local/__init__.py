@@ -1,12 +1,11 @@
 """The ``local`` reference backend's engine: a PyTorch/transformers RL engine on one device.
 
-Modules: :mod:`.config` (typed settings), :mod:`.forward` (packed log-probs),
-:mod:`.objective` (verl's PPO update), :mod:`.sampler` (batched KV-cache
-sampling), :mod:`.checkpoint` (atomic checkpoints), :mod:`.engine`
-(``LocalEngine``, the Ray-free engine), :mod:`.actor` (its async Ray actor).
-The client is :mod:`verl.workers.remote_client.local_backend`.
+It trains, scores and samples verl's batches with verl's own objective, so verl's remote path
+can run and be checked end to end without an external server. The Ray-free engine is
+:class:`~.engine.LocalEngine`, served by the Ray actor in :mod:`.actor`; the client that verl's
+trainer talks to is :mod:`verl.workers.remote_client.local_backend`.
 """
 
-from .config import ConfigError, EngineSettings, LocalBackendConfig
+from .config import EngineSettings, LocalBackendConfig
 
-__all__ = ["ConfigError", "EngineSettings", "LocalBackendConfig"]
+__all__ = ["EngineSettings", "LocalBackendConfig"]

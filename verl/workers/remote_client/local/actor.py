@@ -1,17 +1,9 @@
-"""The engine's Ray actor: an async front for :class:`~.engine.LocalEngine`.
+"""The ``local`` engine's Ray actor: an async front for :class:`~.engine.LocalEngine`.
 
-Every method is ``async`` and pushes the compute to a worker thread
-(``asyncio.to_thread``), so the actor's event loop keeps accepting calls while
-a forward/backward or a decoding step runs. That is what makes continuous
-batching work: ``generate`` calls arriving concurrently (verl's agent loop sends
-one per sample, all at once) queue up; one batching task decodes up to
-``max_batch_size`` of them together (waiting ``batch_wait_ms`` after the first
-arrival into an idle engine for the rest of a burst), admits queued requests
-into the running batch between decode steps, and answers each caller as soon
-as its own row finishes.
-
-The class is plain Python; :func:`remote_engine_class` wraps it with
-``ray.remote`` so importing this module does not need Ray.
+It exists so that one engine can serve verl's concurrent callers: compute runs on worker
+threads while the actor's event loop keeps accepting calls, which is what lets concurrent
+``generate`` calls be decoded as one continuous batch. The class is plain Python;
+:func:`remote_engine_class` wraps it with ``ray.remote``, so importing this module needs no Ray.
 """
 
 from __future__ import annotations
@@ -29,7 +21,14 @@ __all__ = ["EngineActor", "remote_engine_class"]
 
 
 class EngineActor:
-    """Ray actor body owning one :class:`LocalEngine` (see module docstring)."""
+    """Ray actor body owning one :class:`LocalEngine`.
+
+    Every method is ``async`` and runs the compute in ``asyncio.to_thread``. Concurrent
+    ``generate`` calls queue up; one batching task decodes up to ``max_batch_size`` of them
+    together (waiting ``batch_wait_ms`` after the first arrival into an idle engine for the rest
+    of a burst), admits queued requests between decode steps, and answers each caller as soon
+    as its own row finishes.
+    """
 
     def __init__(self, settings: EngineSettings) -> None:
         # A constructor error would surface as Ray's generic "actor died"; keep it and
@@ -137,12 +136,12 @@ class EngineActor:
 
 
 def _timed(op: Callable[..., dict], *args: Any, **kwargs: Any) -> dict:
-    """Run ``op`` and add the contract's optional ``timing.compute_s`` (see ``base.py``) to its
-    result: the seconds spent computing, measured in the compute thread itself so that Ray
-    transport and thread hand-off stay on the plugin's side of the ledger."""
+    """Run ``op`` and add ``compute_s`` to its result: the seconds spent computing, measured in
+    the compute thread itself so that Ray transport and thread hand-off stay on the plugin's
+    side of the ledger (the client reports it as the result's ``compute_s``)."""
     start = time.perf_counter()
     result = op(*args, **kwargs)
-    result["timing"] = {"compute_s": time.perf_counter() - start}
+    result["compute_s"] = time.perf_counter() - start
     return result
 
 

@@ -29,10 +29,13 @@ from typing import Any, Callable, Mapping, Optional
 import numpy as np
 import torch
 
+from verl.remote_backend.errors import BackendError
+
 __all__ = [
     "CheckpointError",
     "write_checkpoint_dir",
     "verify_checkpoint_dir",
+    "checkpoint_problem",
     "get_rng_state",
     "set_rng_state",
     "MANIFEST",
@@ -43,8 +46,9 @@ MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint directory is missing, incomplete, corrupt or from another step."""
+class CheckpointError(BackendError):
+    """A checkpoint directory is missing, incomplete, corrupt or from another step (a
+    ``RuntimeError``, as every :class:`BackendError`)."""
 
 
 def write_checkpoint_dir(
@@ -134,6 +138,19 @@ def verify_checkpoint_dir(path: str, step: Optional[int] = None, *, checksums: b
     if step is not None and int(manifest.get("step", -1)) != int(step):
         raise CheckpointError(f"checkpoint {path} is from step {manifest.get('step')}, not the requested step {step}")
     return manifest
+
+
+def checkpoint_problem(path: str, step: Optional[int]) -> Optional[str]:
+    """What keeps the engine from loading ``path`` for ``step`` (``None``: loadable).
+
+    The full check :meth:`LocalEngine.load_checkpoint` makes: every file against the
+    manifest, sha256 included, so a same-size corruption is caught before any worker starts.
+    """
+    try:
+        verify_checkpoint_dir(path, step, checksums=True)
+    except CheckpointError as exc:
+        return str(exc)
+    return None
 
 
 def _umask() -> int:

@@ -1,21 +1,9 @@
-"""``LocalEngine``: a single-device RL engine (actor, reference, sampler, optimizer).
+"""``LocalEngine``: the ``local`` backend's single-device RL engine (actor, reference, sampler, optimizer).
 
-Synchronous and Ray-free: the ``local`` backend runs it inside a Ray actor
-(:mod:`.actor`). All methods are thread-safe: training-side
-calls serialise on one lock, sampling on another, so a sampling batch may run
-while the actor trains (the sampler decodes from its own weight copy, refreshed
-only by :meth:`sync_sampler_weights`).
-
-Primitives:
-
-* :meth:`log_probs` - forward-only per-token log-probs/entropy, actor or reference;
-* :meth:`make_request` - validate one generate call (raises ``ValueError`` naming the parameter);
-* :meth:`sample` - decode a list of requests together; :meth:`decode_batch` /
-  :meth:`decode_step` - the same, continuously (rows join and leave between steps);
-* :meth:`sync_sampler_weights`, :meth:`save_checkpoint`, :meth:`load_checkpoint`.
-
-Contract-level ops (what :class:`~verl.workers.remote_client.local_backend.LocalBackend` calls):
-:meth:`compute_log_prob`, :meth:`update_actor`.
+It is the reference engine behind the ``local`` backend: training, log-probs, sampling and
+checkpoints on one CPU or GPU with PyTorch and transformers, so verl's remote path can run and
+be tested end to end without an external server. Synchronous and Ray-free; the backend runs it
+inside a Ray actor (:mod:`.actor`).
 """
 
 from __future__ import annotations
@@ -31,9 +19,10 @@ import torch
 from tensordict import TensorDict
 
 from verl.remote_backend.base import BackendDevice
+from verl.remote_backend.errors import ConfigError
 
 from .checkpoint import CheckpointError, get_rng_state, set_rng_state, verify_checkpoint_dir, write_checkpoint_dir
-from .config import ConfigError, EngineSettings
+from .config import EngineSettings
 from .forward import DTYPE_BY_NAME, get_input_tensors, jagged_rows, packed_forward, row_slices
 from .objective import to_actor_config, train_batch
 from .optim import build_optimizer_and_scheduler
@@ -49,7 +38,12 @@ _HF_DIR = "huggingface"  # the Hugging Face export inside each checkpoint (verl'
 
 class LocalEngine:
     """Owns the trained model, its optimizer and LR schedule, an optional frozen
-    reference model and the sampler's weight copy, all on one device."""
+    reference model and the sampler's weight copy, all on one device.
+
+    Thread-safe: training-side calls serialise on one lock, sampling on another, so a
+    sampling batch may run while the actor trains. The sampler decodes from its own weight
+    copy, refreshed only by :meth:`sync_sampler_weights`.
+    """
 
     def __init__(self, settings: EngineSettings) -> None:
         from transformers import AutoTokenizer

@@ -1,12 +1,8 @@
-"""Per-token log-probs and entropy of packed (nested-jagged) sequences.
+"""Per-token log-probs and entropy of packed (nested-jagged) sequences, for the ``local`` engine.
 
-Pure functions over a Hugging Face causal LM; no Ray, no optimizer. Used by the
-engine for ``compute_log_prob`` (no grad) and inside the policy loss (with grad).
-
-Layout (see ``verl/remote_backend/base.py``): ``input_ids`` is an NJT of ``B``
-rows, row ``i`` holding its ``L_i`` real tokens; outputs are packed 1-D ``[T]``
-tensors, ``T = sum(L_i)``, in ``input_ids.values()`` order, slot ``t`` =
-``log p(token[t+1] | token[:t+1])`` and the last slot of each row ``0``.
+One forward over verl's packed layout serves both ``compute_log_prob`` (no grad) and the policy
+loss (with grad), so the two agree by construction. Pure functions over a Hugging Face causal LM;
+no Ray, no optimizer.
 """
 
 from __future__ import annotations
@@ -55,8 +51,9 @@ def packed_forward(
         autocast_dtype: run the model under ``torch.autocast`` with this dtype.
 
     Returns:
-        ``{"log_probs": float32 [T], "entropy": float32 [T] (when asked)}``; they
-        carry gradients when grad mode is on.
+        ``{"log_probs": float32 [T], "entropy": float32 [T] (when asked)}``, ``T = sum(L_i)``,
+        in ``input_ids.values()`` order: slot ``t`` holds ``log p(token[t+1] | token[:t+1])``
+        and the last slot of each row is 0. They carry gradients when grad mode is on.
     """
     if not input_ids.is_nested:
         raise TypeError("input_ids must be a nested-jagged tensor (layout=torch.jagged), one row per sample")

@@ -1,22 +1,9 @@
-"""The policy update: verl's own PPO objective, mini-batches and micro-batches.
+"""The ``local`` engine's policy update: verl's own PPO objective, mini-batches and micro-batches.
 
-This mirrors what verl 0.7.1's new engine worker does for
-``ActorRolloutRefWorker.update_actor`` (``TrainingWorker.train_mini_batch`` ->
-``train_batch`` -> ``FSDPEngine.forward_backward_batch``) on one data-parallel
-rank, reusing verl's pieces instead of re-deriving them:
-
-* mini-batches: ``verl.utils.tensordict_utils.make_iterator`` with the batch's
-  ``mini_batch_size``, ``epochs``, ``seed`` and ``dataloader_kwargs`` (shuffle);
-* micro-batches: ``verl.workers.engine.utils.prepare_micro_batches``
-  (``ppo_micro_batch_size_per_gpu`` or, with ``use_dynamic_bsz``, the token budget);
-* loss: ``verl.workers.utils.losses.ppo_loss`` (policy-loss registry, clip ratios,
-  dual clip, ``loss_agg_mode``, entropy bonus, KL loss), normalised by the
-  mini-batch's token count / ``global_batch_size`` so micro-batch losses are
-  summed, not averaged, into the gradient;
-* one optimizer step per mini-batch (grad-norm clipping, skipped when the norm
-  is not finite), one LR-scheduler step per ``update_actor`` call.
-
-Pure functions over a model and an optimizer; the engine owns both.
+It mirrors what verl 0.7.1's engine worker does for ``update_actor`` on one data-parallel rank,
+calling verl's own iterator, micro-batching and ``ppo_loss`` rather than re-deriving them, so the
+local backend trains exactly as verl would. Pure functions over a model and an optimizer; the
+engine owns both.
 """
 
 from __future__ import annotations
@@ -185,6 +172,9 @@ def train_batch(
     on_step: Optional[Callable[[], None]] = None,
 ) -> dict[str, Any]:
     """One ``update_actor``: every mini-batch of every epoch, one optimizer step each.
+
+    Mini-batches come from verl's ``make_iterator`` (same order as verl's actor); the LR
+    scheduler steps once per call, after the last optimizer step.
 
     Args:
         data: the global batch (layout of :func:`forward_backward`) with the

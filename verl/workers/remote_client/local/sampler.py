@@ -1,18 +1,9 @@
-"""Batched autoregressive sampling with a KV cache.
+"""The ``local`` engine's sampler: batched autoregressive decoding with a KV cache.
 
-:class:`DecodeBatch` decodes many requests together, continuously: new
-requests are prefilled (left-padded among themselves) and join the running
-batch between decode steps; every step decodes one token for all live rows,
-each with its own temperature / top-k / top-p / repetition penalty /
-max_tokens; a row leaves the batch (and its KV-cache rows are dropped) as soon
-as it emits an EOS id or reaches its ``max_tokens``. :func:`sample_batch` runs
-a fixed list of requests to completion. Pure code: no Ray, no asyncio; the
-engine's actor feeds concurrent ``generate`` calls into one ``DecodeBatch``.
-
-Returned log-probs are those of the *temperature-scaled* distribution
-(``log_softmax(logits / T)``, ``T = 1`` for greedy), before top-k/top-p
-truncation - the same quantity verl's ``compute_log_prob`` computes at that
-temperature, so rollout and training log-probs are comparable.
+It decodes many requests together, continuously (rows join and leave between decode steps),
+each with its own sampling parameters and, when seeded, its own random stream, so concurrent
+rollouts share forward passes without changing what each one samples. Pure code: no Ray, no
+asyncio; the engine's actor feeds concurrent ``generate`` calls into one :class:`DecodeBatch`.
 """
 
 from __future__ import annotations
@@ -138,7 +129,9 @@ def process_logits(
 
     Returns:
         ``(tokens [n] int64, log_probs [n] float32)``: the chosen tokens and their
-        log-prob under ``log_softmax(logits / T)`` (``T = 1`` for greedy rows).
+        log-prob under ``log_softmax(logits / T)`` (``T = 1`` for greedy rows), before
+        top-k/top-p truncation: the quantity verl's ``compute_log_prob`` computes at that
+        temperature, so rollout and training log-probs are comparable.
     """
     greedy = temperature <= 0
     scale = torch.where(greedy, torch.ones_like(temperature), temperature)

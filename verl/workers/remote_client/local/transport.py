@@ -1,13 +1,9 @@
-"""How per-token outputs travel from the engine actor to its client: as numpy arrays.
+"""How per-token outputs travel from the ``local`` engine actor to its client: as numpy arrays.
 
-``compute_log_prob`` results are two float32 ``[T]`` tensors, megabytes at RL
-batch sizes; sent as numpy they go out-of-band through Ray's object store
-instead of through ``torch.save`` (see :mod:`verl.remote_backend.wire`, whose
-conversions these are). The engine sends numpy (:func:`outputs_to_numpy`) and
-the client turns them back into writable tensors (:func:`outputs_to_torch`), so
-nothing downstream holds read-only object-store memory.
-
-Pure module (torch + numpy).
+``compute_log_prob`` results are megabytes of per-token floats at RL batch sizes; as numpy they
+go out-of-band through Ray's object store instead of through ``torch.save`` (the conversions are
+those of :mod:`verl.remote_backend.wire`). The client turns them back into writable tensors, so
+nothing downstream holds read-only object-store memory. Pure module (torch + numpy).
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """``RolloutReplica`` whose server forwards generation to a remote backend.
 
-verl's ``AgentLoopManager`` builds replicas as ``cls(replica_rank, config,
-model_config, gpus_per_node)`` in the process that runs the trainer, looking
-the class up by ``actor_rollout_ref.rollout.name`` in ``RolloutReplicaRegistry``
-(a per-process registry). That call passes no backend, so the trainer
-registers a *bound* subclass (:func:`register_remote_replica`) carrying the
-main config and the backend's ``reconnect_handle()`` as class attributes; the
-class never leaves that process - only the server actor's constructor
-arguments travel to Ray.
-
-One replica = one :class:`~.server.RemoteRolloutServer` actor. It asks Ray for
-no CPU or GPU: it only awaits the backend, which owns the sampling hardware.
+verl's ``AgentLoopManager`` builds rollout replicas by looking up ``rollout.name`` in its
+per-process ``RolloutReplicaRegistry``; this module provides the replica for ``remote``, so
+verl's agent loop samples through the trainer's backend instead of starting its own engine.
 """
 
 from __future__ import annotations
@@ -30,8 +22,11 @@ __all__ = ["RemoteRolloutReplica", "register_remote_replica"]
 class RemoteRolloutReplica(RolloutReplica):
     """A rollout replica served by a remote backend (rollout name ``remote``).
 
-    Use :meth:`bind` (or :func:`register_remote_replica`) to attach the main
-    config and backend handle; the unbound class refuses to launch.
+    verl constructs replicas with no backend argument, so the main config and the backend's
+    ``reconnect_handle()`` travel as class attributes: use :meth:`bind` (or
+    :func:`register_remote_replica`) to attach them; the unbound class refuses to launch.
+    The bound class stays in the process that registered it; only the server actor's
+    constructor arguments go to Ray.
     """
 
     main_config: ClassVar[Optional[DictConfig]] = None
@@ -46,7 +41,10 @@ class RemoteRolloutReplica(RolloutReplica):
         return False
 
     async def launch_servers(self) -> None:
-        """Start this replica's server actor and wait until it has re-attached."""
+        """Start this replica's one server actor and wait until it has re-attached.
+
+        The actor asks Ray for no CPU or GPU: it only awaits the backend, which owns the
+        sampling hardware."""
         if self.main_config is None or self.backend_handle is None:
             raise RuntimeError(
                 "RemoteRolloutReplica is not bound to a backend. Run through RemoteBackendTrainer "

@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from typing import Any, Optional
 
 from verl.remote_backend.output_checks import check_finite_floats, check_token_ids
-from verl.remote_backend.reliability import BackendOutputError
+from verl.remote_backend.errors import BackendOutputError
+from verl.remote_backend.results import as_generate_result
 
 __all__ = ["cap_max_tokens", "backend_sampling_params", "check_generate_result"]
 
@@ -71,34 +72,24 @@ def backend_sampling_params(sampling_params: Mapping[str, Any], max_tokens: int)
 def check_generate_result(
     result: Any, *, max_tokens: int, want_logprobs: bool, vocab_size: Optional[int] = None
 ) -> dict[str, Any]:
-    """Validate a backend's ``generate`` answer; return ``TokenOutput`` keyword arguments.
+    """Check a backend's ``generate`` answer against its request; return ``TokenOutput`` kwargs.
 
     Raises:
-        BackendOutputError (a ``ValueError``): missing ``token_ids``, non-integer
-            ids, ids outside ``[0, vocab_size)`` (when given), more than
-            ``max_tokens`` tokens, or a log-prob list of the wrong length or with NaN/Inf.
+        BackendOutputError (a ``ValueError``): not a :class:`GenerateResult` (nor a legacy
+            dict), ids outside ``[0, vocab_size)`` (when given), more than ``max_tokens``
+            tokens, log-probs asked for but missing, or NaN/Inf log-probs.
     """
-    if not isinstance(result, Mapping) or "token_ids" not in result:
-        got = sorted(result) if isinstance(result, Mapping) else type(result).__name__
-        raise BackendOutputError(f"backend generate() result must contain 'token_ids'; got {got}")
-    token_ids = list(result["token_ids"])
-    bad = [t for t in token_ids if isinstance(t, bool) or not (isinstance(t, int) or hasattr(t, "__index__"))]
-    if bad:
-        raise BackendOutputError(f"backend generate() returned non-integer token ids: expected ints, got {bad[0]!r}")
-    token_ids = [int(t) for t in token_ids]
+    result = as_generate_result(result, "backend generate()")
+    token_ids = result.token_ids
     if len(token_ids) > max_tokens:
         raise BackendOutputError(f"backend generate() returned {len(token_ids)} tokens but max_tokens was {max_tokens}")
     check_token_ids(token_ids, vocab_size=vocab_size, where="backend generate()")
-    log_probs = result.get("log_probs")
-    if log_probs is not None:
-        log_probs = [float(x) for x in log_probs]
-        if len(log_probs) != len(token_ids):
-            raise BackendOutputError(f"backend generate() returned {len(log_probs)} log-probs for {len(token_ids)} tokens")
-        check_finite_floats(log_probs, "backend generate() log_probs")
+    if result.log_probs is not None:
+        check_finite_floats(result.log_probs, "backend generate() log_probs")
     elif want_logprobs and token_ids:
         raise BackendOutputError("backend generate() was asked for log-probs (logprobs=True) but returned none")
     return {
         "token_ids": token_ids,
-        "log_probs": log_probs if want_logprobs else None,
-        "stop_reason": result.get("stop_reason") or "completed",
+        "log_probs": result.log_probs if want_logprobs else None,
+        "stop_reason": result.stop_reason,
     }

@@ -1,15 +1,9 @@
 """Per-sample random streams for rollouts: same seeds -> same samples, whatever the arrival order.
 
-verl's agent loop sends every rollout request with a fresh random ``request_id`` and
-no seed, so a sampler that serves concurrent requests from one random generator
-gives results that depend on the order requests arrive and on how they are batched.
-:class:`SeededAgentLoopManager` (set as ``rollout.agent.agent_loop_manager_class``
-by the entry point when left null) runs :class:`SeededAgentLoopWorker`, which adds
-``sampling_params["seed"]`` = :func:`sample_seed` of the run seed and the sample's
-identity - training step, dataset index, rollout index within the prompt's group,
-validation or not - before verl's own agent loop runs. Backends that honour
-``seed`` (the local engine; vLLM behind Arctic) then draw each sample from its own
-stream, so two runs with the same seeds, and a resumed run, sample the same tokens.
+verl's agent loop sends rollout requests with no seed, so a sampler serving concurrent requests
+from one random generator gives results that depend on arrival order and batching. This module
+seeds every sample from the run seed and the sample's identity, so that backends honouring
+``sampling_params["seed"]`` make two runs with the same seeds, and a resumed run, sample alike.
 """
 
 from __future__ import annotations
@@ -28,12 +22,12 @@ MANAGER_FQN = f"{__name__}.SeededAgentLoopManager"
 
 def run_seed(config: Any) -> int:
     """The run's sampling seed: ``data.seed`` when set, else ``actor_rollout_ref.actor.data_loader_seed`` (42)."""
-    from omegaconf import OmegaConf
+    from verl.remote_backend.settings import select
 
-    seed = OmegaConf.select(config, "data.seed", default=None)
+    seed = select(config, "data.seed")
     if seed is None:
-        seed = OmegaConf.select(config, "actor_rollout_ref.actor.data_loader_seed", default=42)
-    return int(42 if seed is None else seed)
+        seed = select(config, "actor_rollout_ref.actor.data_loader_seed", 42)
+    return int(seed)
 
 
 def sample_seed(seed: int, step: Any, sample_index: Any, rollout_n: Any, validate: Any) -> int:
@@ -43,7 +37,11 @@ def sample_seed(seed: int, step: Any, sample_index: Any, rollout_n: Any, validat
 
 
 class SeededAgentLoopWorker(AgentLoopWorker):
-    """verl's agent-loop worker, adding each sample's own ``seed`` to its sampling parameters."""
+    """verl's agent-loop worker, adding each sample's own ``seed`` to its sampling parameters.
+
+    The seed is :func:`sample_seed` of the run seed and the sample's identity (training step,
+    dataset index, rollout index within the prompt's group, validation or not); a ``seed``
+    already in the sampling parameters is kept."""
 
     async def _run_agent_loop(self, sampling_params: dict[str, Any], trajectory: dict[str, Any], **kwargs: Any) -> Any:
         if sampling_params.get("seed") is None:

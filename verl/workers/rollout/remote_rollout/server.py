@@ -1,32 +1,21 @@
-"""The rollout server actor: verl's token-in/token-out ``generate`` on a remote backend.
+"""The rollout server actor: verl's token-in/token-out ``generate`` served by a remote backend.
 
-verl's agent loop workers call ``await server.generate.remote(request_id=...,
-prompt_ids=..., sampling_params=..., image_data=..., video_data=...)`` and
-expect a ``TokenOutput``. This actor re-attaches to the trainer's backend with
-``from_config(main_config, handle=...)`` (it never creates an engine), caps
-``max_tokens`` (see :func:`~.sampling.cap_max_tokens`) and awaits
-``backend.generate``. Many requests run concurrently on its event loop; the
-backend is expected to batch them.
-
-Lifecycle calls from verl (``sleep`` after every generation phase,
-``wake_up``, ``clear_kv_cache``, ``abort_all_requests``, ``resume_generation``,
-profiling) map onto *optional* backend capabilities, detected by name:
-``async sleep()``, ``async wake_up()``, ``async clear_kv_cache()``. A backend
-without them keeps its sampler resident and these calls are no-ops. After
-``sleep`` the next ``generate`` wakes the backend first, because with verl's
-``naive`` weight sync nobody else calls ``wake_up`` before the next rollout.
+verl's agent loop workers send every sample to a rollout server and expect a ``TokenOutput``;
+this actor takes that place for ``rollout.name=remote``. It re-attaches to the trainer's backend
+(it never creates an engine), caps ``max_tokens`` to the configured lengths, checks what comes
+back, and maps verl's lifecycle calls onto the backend's optional capabilities.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import os
 from typing import Any, Optional
 
 from omegaconf import DictConfig
 
+from verl.remote_backend.base import destroy_backend, implements
 from verl.remote_backend.guard import BackendGuard
 from verl.remote_backend.registry import RemoteBackendRegistry
 from verl.remote_backend.reliability import ReliabilitySettings
@@ -45,6 +34,9 @@ logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))
 
 class RemoteRolloutServer:
     """Ray actor (async) forwarding one replica's generate requests to the backend.
+
+    Many requests run concurrently on its event loop; the backend is expected to batch them.
+    Lifecycle calls without a matching optional backend capability are no-ops.
 
     Args:
         main_config: verl's full config (``trainer.remote_backend`` names the backend;
@@ -82,7 +74,10 @@ class RemoteRolloutServer:
         image_data: Optional[list[Any]] = None,
         video_data: Optional[list[Any]] = None,
     ) -> TokenOutput:
-        """Sample one response for ``prompt_ids`` (text only)."""
+        """Sample one response for ``prompt_ids`` (text only).
+
+        After :meth:`sleep`, wakes the backend first: with verl's ``naive`` weight sync nobody
+        else calls ``wake_up`` before the next rollout."""
         if image_data or video_data:
             raise NotImplementedError("remote rollout servers take text prompts only (no image/video data)")
         if self._asleep:
@@ -139,16 +134,12 @@ class RemoteRolloutServer:
         """See :meth:`start_profile`."""
 
     async def _maybe_call(self, method: str) -> None:
-        fn = getattr(self._backend, method, None)
-        if fn is None or not inspect.iscoroutinefunction(fn):
-            return
-        await self._guard.call(method, fn)
+        if implements(self._backend, method):
+            await self._guard.call(method, getattr(self._backend, method))
 
     async def destroy(self) -> None:
         """Drop this server's connection (the shared engine stays up: the client was re-attached)."""
-        result = self._backend.destroy()
-        if inspect.isawaitable(result):
-            await asyncio.wait_for(result, timeout=self._guard.settings.timeouts.destroy)
+        await asyncio.wait_for(destroy_backend(self._backend), timeout=self._guard.settings.timeouts.destroy)
 
 
 def _model_vocab_size(main_config: DictConfig) -> Optional[int]:

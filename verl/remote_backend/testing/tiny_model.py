@@ -1,12 +1,9 @@
 """Build a tiny Qwen2-style causal LM and a byte-level BPE tokenizer on disk.
 
-Used by the tests, the benchmarks and the CPU example run: model weights cannot
-be downloaded there, and a random 2-layer model is all an integration run needs.
-The result is a normal Hugging Face model directory (``config.json``,
-``model.safetensors``, tokenizer files with a chat template), loadable with
-``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer.from_pretrained``.
-
-Command line: ``python -m verl.remote_backend.tiny_model OUT_DIR [--hidden 64 --layers 2]``.
+Where model weights cannot be downloaded, a random 2-layer model is all an integration run
+needs. The result is a normal Hugging Face model directory (``config.json``, ``model.safetensors``,
+tokenizer files with a chat template), loadable with ``from_pretrained``.
+Command line: ``python -m verl.remote_backend.testing.tiny_model OUT_DIR [--hidden 64 --layers 2]``.
 """
 
 from __future__ import annotations
