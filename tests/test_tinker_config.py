@@ -8,12 +8,13 @@ import torch
 from local_backend_helpers import dense_rollout_batch, to_no_padding
 from remote_e2e import compose, small_ci_overrides
 from verl.workers.remote_client.tinker import batch as tb
-from verl.workers.remote_client.tinker.config import ConfigError, adam_params, check_config, load_tinker_config
+from verl.remote_backend.errors import ConfigError
+from verl.workers.remote_client.tinker.config import adam_params, check_config, load_tinker_config
 
 OK = [
     "actor_rollout_ref.model.lora_rank=4",
     "actor_rollout_ref.model.lora_alpha=32",
-    "actor_rollout_ref.actor.grad_clip=0",
+    "actor_rollout_ref.actor.grad_clip=1e9",
     "remote_backend.tinker.max_lora_rank=8",
 ]
 
@@ -40,9 +41,9 @@ def test_supported_settings_pass():
         ("actor_rollout_ref.actor.grad_clip=1.0", ["grad_clip=1.0", "does not clip"]),
         ("actor_rollout_ref.rollout.temperature=0.7", ["temperature=0.7", "supported: 1.0"]),
         ("actor_rollout_ref.actor.policy_loss.loss_mode=gspo", ["loss_mode='gspo'", "supported: vanilla"]),
-        ("actor_rollout_ref.actor.optim.lr_warmup_steps=5", ["lr_warmup_steps", "supported: -1 / 0.0"]),
+        ("actor_rollout_ref.actor.optim.lr_warmup_steps=5", ["lr_warmup_steps", "5 warm-up steps", "supported: constant / no warm-up"]),
         ("remote_backend.tinker.loss_fn=cispo", ["loss_fn='cispo'", "ppo"]),
-        ("+remote_backend.tinker.nonsense=1", ["unknown keys ['nonsense']"]),
+        ("+remote_backend.tinker.nonsense=1", ["remote_backend.tinker.nonsense", "unknown key"]),
     ],
 )
 def test_refusals_name_key_value_and_support(override, needles):

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import threading
 import time
 from pathlib import Path
@@ -63,7 +62,7 @@ def tinker_overrides(srv: TinkerServer) -> list[str]:
     return [
         f"actor_rollout_ref.model.lora_rank={LORA_RANK}",
         "actor_rollout_ref.model.lora_alpha=32",
-        "actor_rollout_ref.actor.grad_clip=0",
+        "actor_rollout_ref.actor.grad_clip=1e9",
         f"remote_backend.tinker.base_url={srv.base_url}",
         f"remote_backend.tinker.api_key={API_KEY}",
         "remote_backend.tinker.max_lora_rank=8",
@@ -97,7 +96,7 @@ def test_compute_log_prob_equals_server_compute_logprobs(server, tmp_path):
         td = to_no_padding(dense)
         actor = run(backend.compute_log_prob(td, ref=False, calculate_entropy=True, rollout_n=1, temperature=1.0, pad_token_id=0))
         ref = run(backend.compute_log_prob(td, ref=True, calculate_entropy=False, rollout_n=1, temperature=1.0, pad_token_id=0))
-        packed = actor["model_output"]["log_probs"]
+        packed = actor.log_probs
         assert packed.shape == (td["input_ids"].values().numel(),)
         # the server's own answer, through the SDK, on each row's tokens (one value per token after the first)
         import tinker
@@ -112,10 +111,10 @@ def test_compute_log_prob_equals_server_compute_logprobs(server, tmp_path):
             # LoRA starts at B=0: actor == base model; slot t = log p(token t+1 | <= t), last slot 0
             torch.testing.assert_close(row[:-1], want, rtol=0, atol=1e-4)
             assert row[-1] == 0
-            torch.testing.assert_close(ref["model_output"]["log_probs"][offsets[i] : offsets[i + 1]][:-1], want, rtol=0, atol=1e-4)
-        torch.testing.assert_close(actor["model_output"]["entropy"], -packed)
+            torch.testing.assert_close(ref.log_probs[offsets[i] : offsets[i + 1]][:-1], want, rtol=0, atol=1e-4)
+        torch.testing.assert_close(actor.entropy, -packed)
     finally:
-        backend.destroy()
+        asyncio.run(backend.destroy())
 
 
 # --------------------------------------------------------------------------- update parity
@@ -161,7 +160,7 @@ def test_update_actor_matches_verl_objective(server, tmp_path, mode):
         prompts, responses, dense = batch(6, seed=7)
         td = to_no_padding(dense)
         lp0 = run(backend.compute_log_prob(td, ref=False, calculate_entropy=False, rollout_n=1, temperature=1.0, pad_token_id=0))
-        new0 = _padded(lp0["model_output"]["log_probs"], dense, td)
+        new0 = _padded(lp0.log_probs, dense, td)
         mask = dense["response_mask"].float()
         g = torch.Generator().manual_seed(3)
         adv = (torch.randn(6, 1, generator=g) * torch.ones_like(mask)) * mask  # GRPO: one advantage per sequence
@@ -172,16 +171,16 @@ def test_update_actor_matches_verl_objective(server, tmp_path, mode):
         tdu = to_no_padding(dense_u, mini_batch_size=6, epochs=1, seed=0, dataloader_kwargs={"shuffle": False})
         out = run(backend.update_actor(tdu, actor_config=actor_cfg, pad_token_id=0, rollout_n=1, temperature=1.0))
         want = _verl_objective(actor_cfg, old, new0, adv, mask, mode)
-        assert out["loss"] == pytest.approx(want, rel=1e-4, abs=1e-6), (mode, out["loss"], want)
-        assert out["metrics"]["pg_loss"] == [pytest.approx(want, rel=1e-4, abs=1e-6)]
-        assert out["metrics"]["grad_norm"][0] > 0 and math.isfinite(out["metrics"]["grad_norm"][0])
+        assert out.loss == pytest.approx(want, rel=1e-4, abs=1e-6), (mode, out.loss, want)
+        assert out.metrics["pg_loss"] == [pytest.approx(want, rel=1e-4, abs=1e-6)]
+        assert out.metrics["grad_norm"][0] > 0 and math.isfinite(out.metrics["grad_norm"][0])
         assert out["global_token_num"] == [len(p) + len(r) for p, r in zip(prompts, responses)]
         # gradient direction: the server's step lowers verl's objective on the same batch
         lp1 = run(backend.compute_log_prob(td, ref=False, calculate_entropy=False, rollout_n=1, temperature=1.0, pad_token_id=0))
-        after = _verl_objective(actor_cfg, old, _padded(lp1["model_output"]["log_probs"], dense, td), adv, mask, mode)
+        after = _verl_objective(actor_cfg, old, _padded(lp1.log_probs, dense, td), adv, mask, mode)
         assert after < want, (mode, want, after)
     finally:
-        backend.destroy()
+        asyncio.run(backend.destroy())
 
 
 def test_negated_advantages_raise_verl_objective(server, tmp_path):
@@ -198,7 +197,7 @@ def test_negated_advantages_raise_verl_objective(server, tmp_path):
         _, _, dense = batch(4, seed=11)
         td = to_no_padding(dense)
         lp0 = run(backend.compute_log_prob(td, ref=False, calculate_entropy=False, rollout_n=1, temperature=1.0, pad_token_id=0))
-        new0 = _padded(lp0["model_output"]["log_probs"], dense, td)
+        new0 = _padded(lp0.log_probs, dense, td)
         mask = dense["response_mask"].float()
         adv = torch.tensor([[1.0], [-1.0], [0.5], [-0.5]]) * mask
         dense_u = dense.clone()
@@ -207,10 +206,10 @@ def test_negated_advantages_raise_verl_objective(server, tmp_path):
         run(backend.update_actor(tdu, actor_config=actor_cfg, pad_token_id=0, rollout_n=1, temperature=1.0))
         lp1 = run(backend.compute_log_prob(td, ref=False, calculate_entropy=False, rollout_n=1, temperature=1.0, pad_token_id=0))
         before = _verl_objective(actor_cfg, new0 * mask, new0, adv, mask, "token-mean")
-        after = _verl_objective(actor_cfg, new0 * mask, _padded(lp1["model_output"]["log_probs"], dense, td), adv, mask, "token-mean")
+        after = _verl_objective(actor_cfg, new0 * mask, _padded(lp1.log_probs, dense, td), adv, mask, "token-mean")
         assert after > before
     finally:
-        backend.destroy()
+        asyncio.run(backend.destroy())
 
 
 # --------------------------------------------------------------------------- sampling and handles
@@ -226,11 +225,11 @@ def test_generate_follows_update_weights_through_a_handle(server, tmp_path):
         rollout = cls.from_config(cfg, handle=handle)
         params = {"max_tokens": 12, "temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True, "seed": 5}
         out = run(rollout.generate([5, 17, 33, 99], params))
-        assert 1 <= len(out["token_ids"]) <= 12 and len(out["log_probs"]) == len(out["token_ids"])
+        assert 1 <= len(out.token_ids) <= 12 and len(out.log_probs) == len(out.token_ids)
         eos = set(owner._eos_ids)
         assert eos, "the tiny model's EOS id must be known"
         # an EOS can only be the last token: sampling stops there
-        assert not (set(out["token_ids"][:-1]) & eos)
+        assert not (set(out.token_ids[:-1]) & eos)
         # train the actor hard towards one token, publish, and the re-attached sampler follows after wake_up
         forwarder = cls.from_config(cfg, handle=handle)
         target = 42
@@ -238,16 +237,16 @@ def test_generate_follows_update_weights_through_a_handle(server, tmp_path):
         assert run(forwarder.update_weights())["policy_version"] == 1
         run(rollout.wake_up())
         after = run(rollout.generate([5, 17, 33, 99], {**params, "max_tokens": 6, "temperature": 0.0}))
-        assert after["token_ids"][0] == target, after
-        rollout.destroy()  # re-attached: must not unload the owner's model
+        assert after.token_ids[0] == target, after
+        asyncio.run(rollout.destroy())  # re-attached: must not unload the owner's model
         # (only one process may send training requests of a model: the server numbers them per model)
         again = run(forwarder.compute_log_prob(to_no_padding(batch(2, seed=2)[2]), ref=False, calculate_entropy=False,
                                                rollout_n=1, temperature=1.0, pad_token_id=0))
-        assert torch.isfinite(again["model_output"]["log_probs"]).all()
-        forwarder.destroy()
+        assert torch.isfinite(again.log_probs).all()
+        asyncio.run(forwarder.destroy())
     finally:
-        owner.destroy()
-        owner.destroy()  # idempotent
+        asyncio.run(owner.destroy())
+        asyncio.run(owner.destroy())  # idempotent
 
 
 async def _train_towards(backend, cfg, target: int) -> None:
@@ -264,7 +263,7 @@ async def _train_towards(backend, cfg, target: int) -> None:
     for _ in range(8):
         lp = await backend.compute_log_prob(to_no_padding(dense_rollout_batch([prompt, prompt], [[target, target], [7, 8]])),
                                             ref=False, calculate_entropy=False, rollout_n=1, temperature=1.0, pad_token_id=0)
-        dense["old_log_probs"] = _padded(lp["model_output"]["log_probs"], dense, td) * mask
+        dense["old_log_probs"] = _padded(lp.log_probs, dense, td) * mask
         td = to_no_padding(dense, mini_batch_size=2, epochs=1, seed=0, dataloader_kwargs={"shuffle": False})
         await backend.update_actor(td, actor_config=actor_cfg, pad_token_id=0, rollout_n=1, temperature=1.0)
 

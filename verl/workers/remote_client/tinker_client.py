@@ -35,6 +35,7 @@ that imports ``tinker``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -48,17 +49,23 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import tinker  # noqa: F401  (fails early with the registry's install hint)
 from tinker import types as ttypes
 
-from verl.remote_backend.base import BackendDevice, RemoteBackend
+from verl.remote_backend.base import RemoteBackend
+from verl.remote_backend.errors import (
+    BackendClosedError,
+    BackendError,
+    BackendTransportError,
+    ConfigError,
+    ResumeCheckpointError,
+)
 from verl.remote_backend.registry import RemoteBackendRegistry
-from verl.remote_backend.reliability import BackendClosedError, ResumeCheckpointError
+from verl.remote_backend.results import BackendDevice, GenerateResult, LogProbResult, UpdateResult
+from verl.remote_backend.settings import select
 from verl.workers.remote_client.tinker import batch as tb
 from verl.workers.remote_client.tinker.config import (
-    ConfigError,
     TinkerConfig,
     adam_params,
     check_config,
     clip_thresholds,
-    get_path,
     load_tinker_config,
     lora_settings,
     resolved_loss_fn,
@@ -77,11 +84,11 @@ SAMPLER_PREFIX = "verl-sampler-"
 _POOL_THREADS = 64
 
 
-class TinkerBackendError(RuntimeError):
+class TinkerBackendError(BackendError):
     """A Tinker call failed or answered something unusable; the message names the op and the server."""
 
 
-class ConnectionLost(TinkerBackendError, ConnectionError):
+class ConnectionLost(TinkerBackendError, BackendTransportError):
     """The server did not answer (transport failure): safe to re-send for idempotent reads."""
 
 
@@ -160,16 +167,16 @@ class TinkerBackend(RemoteBackend):
         if handle is not None:
             if not isinstance(handle, dict) or handle.get("backend") != "tinker" or "model_id" not in handle:
                 raise ValueError("handle is not a tinker-backend handle (expected the dict from TinkerBackend.reconnect_handle())")
-            cfg.base_url = handle["base_url"]
+            cfg = dataclasses.replace(cfg, base_url=handle["base_url"])
             service = tinker.ServiceClient(base_url=cfg.base_url, api_key=cfg.resolved_api_key())
             return cls(main_config, cfg, owner=False, model_id=handle["model_id"], base_model=handle["base_model"], service=service)
         cls.check_config(main_config)
         rank = lora_settings(main_config, cfg)
-        base_model = cfg.base_model or str(get_path(main_config, "actor_rollout_ref.model.path"))
-        seed = cfg.seed if cfg.seed is not None else int(get_path(main_config, "actor_rollout_ref.actor.data_loader_seed", 0) or 0)
+        base_model = cfg.base_model or str(select(main_config, "actor_rollout_ref.model.path"))
+        seed = cfg.seed if cfg.seed is not None else int(select(main_config, "actor_rollout_ref.actor.data_loader_seed", 0) or 0)
         server = None
         if cfg.launch_server:
-            log_dir = str(get_path(main_config, "trainer.default_local_dir", "."))
+            log_dir = str(select(main_config, "trainer.default_local_dir", "."))
             os.makedirs(log_dir, exist_ok=True)
             server = _LaunchedServer([str(a) for a in cfg.launch_command], os.path.join(log_dir, "tinker_server.log"))
         deadline = time.monotonic() + float(cfg.startup_timeout_s)
@@ -220,11 +227,14 @@ class TinkerBackend(RemoteBackend):
         self._live()
         return {"backend": "tinker", "base_url": self.cfg.base_url, "model_id": self.model_id, "base_model": self.base_model}
 
-    def destroy(self) -> None:
+    async def destroy(self) -> None:
         """Owner: unload the LoRA model from the server, stop a launched server. Re-attached: drop the session only."""
         if self._closed:
             return
         self._closed = True
+        await asyncio.to_thread(self._release)
+
+    def _release(self) -> None:
         if self._owner:
             try:
                 if self._reachable():  # a dead server: nothing to unload, do not wait on it
@@ -236,12 +246,13 @@ class TinkerBackend(RemoteBackend):
             self._server = None
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def requires_single_forwarder(self) -> bool:
+    @classmethod
+    def requires_single_forwarder(cls) -> bool:
         return True  # the Tinker server owns all parallelism; verl runs one CPU forwarder
 
     # ------------------------------------------------------------ data path
     async def compute_log_prob(self, data: "TensorDict", *, ref: bool, calculate_entropy: bool, rollout_n: int,
-                               temperature: float, pad_token_id: int) -> dict[str, Any]:
+                               temperature: float, pad_token_id: int) -> LogProbResult:
         """Per-token log-probs of the actor (training client ``forward``) or of the base model
         (reference: sampling client ``compute_logprobs``), packed ``[T]``.
 
@@ -262,19 +273,17 @@ class TinkerBackend(RemoteBackend):
             out = await self._call(op, lambda: self._train_client().forward([_datum(r) for r in rows], "cross_entropy").result())
             slots = self._slots(op, out, rows)
         log_probs = tb.packed_from_slots(rows, slots)
-        model_output = {"log_probs": log_probs}
-        if calculate_entropy:
-            model_output["entropy"] = -log_probs
-        return self._log_prob_result(model_output, time.monotonic() - start)
+        entropy = -log_probs if calculate_entropy else None
+        return LogProbResult(log_probs, entropy, device=self._device(), compute_s=time.monotonic() - start)
 
     async def update_actor(self, data: "TensorDict", *, actor_config: Any, pad_token_id: int, rollout_n: int,
-                           temperature: float) -> dict[str, Any]:
+                           temperature: float) -> UpdateResult:
         """verl's PPO loop on the server: for each epoch and mini-batch, one ``forward_backward``
         with per-token advantages (scaled to verl's ``loss_agg_mode``, see :mod:`.tinker.batch`),
         old log-probs and response-mask weights, then one ``optim_step``."""
         op = "update_actor"
         self._check_temperature(temperature, op)
-        get = lambda key, default=None: get_path(actor_config, key, default)  # noqa: E731
+        get = lambda key, default=None: select(actor_config, key, default)  # noqa: E731
         rows = tb.rows_of(data, with_update_fields=True)
         mini = _non_tensor(data, "mini_batch_size") or int(get("ppo_mini_batch_size", len(rows))) * int(rollout_n)
         epochs = int(_non_tensor(data, "epochs") or get("ppo_epochs", 1))
@@ -311,7 +320,7 @@ class TinkerBackend(RemoteBackend):
                 metrics["lr"].append(adam.learning_rate if lr != lr else lr)
         return self._update_result(sum(losses), metrics, data, time.monotonic() - start)
 
-    async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any]) -> dict[str, Any]:
+    async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any]) -> GenerateResult:
         """One sample from the latest sampler weights (the base model before the first update,
         which equals the zero-initialised LoRA actor); stops at the model's EOS ids."""
         if sampling_params.get("max_tokens") is None:
@@ -339,7 +348,7 @@ class TinkerBackend(RemoteBackend):
             log_probs = [float(x) for x in (seqs[0].logprobs or [])]
             if len(log_probs) != len(tokens):
                 raise TinkerBackendError(f"Tinker generate: {len(log_probs)} log-probs for {len(tokens)} tokens")
-        return {"token_ids": tokens, "log_probs": log_probs, "stop_reason": "completed"}
+        return GenerateResult(tokens, log_probs)
 
     async def update_weights(self) -> dict[str, Any]:
         """``save_weights_for_sampler`` under a new, time-ordered name; this process samples from
@@ -430,16 +439,13 @@ class TinkerBackend(RemoteBackend):
         return f"the Tinker server's own logs ({self.cfg.base_url}; it was started outside verl)"
 
     # ------------------------------------------------------------ helpers (results in one place each)
-    def _log_prob_result(self, model_output: dict, seconds: float) -> dict[str, Any]:
-        return {"model_output": model_output, "metrics": {}, "device": self._device(), "timing": {"compute_s": seconds}}
+    def _update_result(self, loss: float, metrics: dict, data: Any, seconds: float) -> UpdateResult:
+        return UpdateResult(metrics, loss=float(loss), global_token_num=data["input_ids"].offsets().diff().tolist(),
+                            device=self._device(), compute_s=seconds)
 
-    def _update_result(self, loss: float, metrics: dict, data: Any, seconds: float) -> dict[str, Any]:
-        return {"loss": float(loss), "metrics": metrics, "global_token_num": data["input_ids"].offsets().diff().tolist(),
-                "device": self._device(), "timing": {"compute_s": seconds}}
-
-    def _device(self) -> dict:
+    def _device(self) -> BackendDevice:
         d = self.cfg.device
-        return BackendDevice(type=d.type, count=1, peak_flops=d.peak_flops, name=d.name).to_dict()
+        return BackendDevice(type=d.type, count=1, peak_flops=d.peak_flops, name=d.name)
 
     def _live(self) -> None:
         if self._closed:
@@ -534,7 +540,7 @@ class TinkerBackend(RemoteBackend):
     @staticmethod
     def _stop_ids(main_config: Any) -> list[int]:
         """EOS ids of the model (generation_config, then tokenizer), the sampler's stop tokens."""
-        path = get_path(main_config, "actor_rollout_ref.model.path")
+        path = select(main_config, "actor_rollout_ref.model.path")
         ids: list[int] = []
         try:
             from transformers import AutoTokenizer, GenerationConfig
