@@ -31,7 +31,7 @@ def build_tiny_llama(out_dir: Path, *, hidden_size: int = 64, num_layers: int = 
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-    from verl.remote_backend.tiny_model import build_tiny_tokenizer
+    from verl.remote_backend.testing.tiny_model import build_tiny_tokenizer
 
     out = str(out_dir)
     tokenizer = build_tiny_tokenizer(out)

@@ -48,6 +48,8 @@ def rows_of(data: Any, *, with_update_fields: bool) -> list[Row]:
     ``advantages``, ``old_log_probs`` and ``response_mask`` on the slots (for updates)."""
     ids = data["input_ids"]
     values, offsets = ids.values(), ids.offsets()
+    if values.is_floating_point() or values.is_complex():
+        raise TypeError(f"input_ids must hold integer token ids, got dtype {values.dtype}")
     prompts, mask = data["prompts"], data["attention_mask"]
     width = prompts.shape[1]
     prompt_lens = mask[:, :width].sum(-1).tolist()
