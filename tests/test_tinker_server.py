@@ -230,7 +230,11 @@ def test_generate_follows_update_weights_through_a_handle(server, tmp_path):
         assert eos, "the tiny model's EOS id must be known"
         # an EOS can only be the last token: sampling stops there
         assert not (set(out.token_ids[:-1]) & eos)
-        # train the actor hard towards one token, publish, and the re-attached sampler follows after wake_up
+        # the owner's first training-client request (seq 1 of its numbering) ...
+        probe = to_no_padding(batch(2, seed=2)[2])
+        lp_owner = run(owner.compute_log_prob(probe, ref=False, calculate_entropy=False, rollout_n=1, temperature=1.0, pad_token_id=0))
+        # ... does not answer a re-attached client's first request (its own seq 1 before the fix: the owner's old result
+        # or a 409); train the actor hard towards one token, publish, and the re-attached sampler follows after wake_up
         forwarder = cls.from_config(cfg, handle=handle)
         target = 42
         run(_train_towards(forwarder, cfg, target))
@@ -239,10 +243,11 @@ def test_generate_follows_update_weights_through_a_handle(server, tmp_path):
         after = run(rollout.generate([5, 17, 33, 99], {**params, "max_tokens": 6, "temperature": 0.0}))
         assert after.token_ids[0] == target, after
         asyncio.run(rollout.destroy())  # re-attached: must not unload the owner's model
-        # (only one process may send training requests of a model: the server numbers them per model)
-        again = run(forwarder.compute_log_prob(to_no_padding(batch(2, seed=2)[2]), ref=False, calculate_entropy=False,
-                                               rollout_n=1, temperature=1.0, pad_token_id=0))
-        assert torch.isfinite(again.log_probs).all()
+        # owner and re-attached client read the same trained weights: equal to each other, moved from before
+        again = [run(b.compute_log_prob(probe, ref=False, calculate_entropy=False, rollout_n=1, temperature=1.0, pad_token_id=0))
+                 for b in (forwarder, owner)]
+        torch.testing.assert_close(again[0].log_probs, again[1].log_probs, rtol=0, atol=1e-6)
+        assert (again[1].log_probs - lp_owner.log_probs).abs().max() > 1e-3
         asyncio.run(forwarder.destroy())
     finally:
         asyncio.run(owner.destroy())

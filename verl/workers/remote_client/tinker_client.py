@@ -39,6 +39,7 @@ import dataclasses
 import json
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import time
@@ -82,6 +83,13 @@ __all__ = ["TinkerBackend", "TinkerBackendError"]
 CHECKPOINT_RECORD = "tinker_checkpoint.json"
 SAMPLER_PREFIX = "verl-sampler-"
 _POOL_THREADS = 64
+# Request numbering of a re-attached training client: the server de-duplicates training requests by
+# (model_id, seq_id) and every SDK TrainingClient numbers its own from 1, so a second client on the
+# owner's model would be answered with the owner's old results (or refused with a 409). Each
+# re-attached client numbers inside its own random block of 2**16 ids, above the owner's first block
+# and inside the wire type (int32).
+_ATTACHED_SEQ_BLOCK = 1 << 16
+_ATTACHED_SEQ_BLOCKS = (1 << 31) // _ATTACHED_SEQ_BLOCK - 1
 
 
 class TinkerBackendError(BackendError):
@@ -455,7 +463,15 @@ class TinkerBackend(RemoteBackend):
         self._live()
         if self._training is None:  # re-attached: a training client on the owner's model
             holder = self._service.holder
-            self._training = tinker.TrainingClient(holder, model_seq_id=holder.get_training_client_id(), model_id=self.model_id)
+            training = tinker.TrainingClient(holder, model_seq_id=holder.get_training_client_id(), model_id=self.model_id)
+            if not all(isinstance(getattr(training, a, None), int) for a in ("_request_id_counter", "_turn_counter")):
+                raise TinkerBackendError(
+                    f"this tinker SDK ({getattr(tinker, '__version__', '?')}) numbers training requests differently "
+                    "from 0.25.0; a re-attached client could collide with the owner's requests (pin tinker==0.25.0)")
+            # the SDK sends request k only when its turn counter reaches k: both start at the block
+            base = (1 + secrets.randbelow(_ATTACHED_SEQ_BLOCKS)) * _ATTACHED_SEQ_BLOCK
+            training._request_id_counter = training._turn_counter = base
+            self._training = training
         return self._training
 
     def _base_sampler(self) -> Any:
