@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Optional
@@ -39,11 +40,16 @@ TARGET = 0.10
 
 def _e2e_helpers():
     """The end-to-end harness of the test suite (``tests/remote_e2e.py``: gsm8k subset, tiny
-    model, small-CI overrides, entry-point runner), imported as a package from the repository
-    root (benchmarks run as ``python -m benchmarks...`` there)."""
-    from tests import remote_e2e
+    model, small-CI overrides, entry-point runner), loaded from its file: ``tests`` is not a
+    package, and ``sys.path`` stays as it is."""
+    import importlib.util
 
-    return remote_e2e
+    path = Path(__file__).resolve().parents[1] / "tests" / "remote_e2e.py"
+    spec = importlib.util.spec_from_file_location("remote_e2e", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("remote_e2e", module)  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return sys.modules["remote_e2e"]
 
 
 def run_grpo(
