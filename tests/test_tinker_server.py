@@ -9,6 +9,7 @@ One server (tiny Llama, started once for the module) serves every test here:
   ``loss_agg_mode``, and the update lowers verl's objective (gradient direction);
 * generate / update_weights / handle: a re-attached instance (as in the rollout server) samples
   from the newest weights, stops at EOS, and its ``destroy`` leaves the model alone;
+* the adapter conformance kit, every check passing;
 * the entry point end to end (``trainer.remote_backend=tinker``, GRPO on gsm8k, 2 steps),
   resume from its checkpoint, and a server killed mid-run failing clearly within 30 s.
 
@@ -293,6 +294,24 @@ def test_entry_point_refuses_before_ray(server, tmp_path, override, needle):
     assert "supported" in res.output
     assert "Started a local Ray instance" not in res.output
     assert time.monotonic() - start < 60
+
+
+# --------------------------------------------------------------------------- conformance kit
+def test_the_conformance_kit_passes_for_tinker(server, tmp_path):
+    """Every check of ``python -m verl.remote_backend.testing --backend tinker`` passes (none skipped):
+    re-attach in another Ray process, alignment, batching invariance, update direction, resume..."""
+    import subprocess
+    import sys
+
+    from verl.remote_backend.testing.conformance import CHECKS
+
+    args = ["--backend", "tinker", f"actor_rollout_ref.model.path={server.model}",
+            f"trainer.default_local_dir={tmp_path / 'ckpt'}", *tinker_overrides(server)]
+    proc = subprocess.run([sys.executable, "-m", "verl.remote_backend.testing", *args], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    statuses = {p[1]: p[0] for p in (line.split() for line in proc.stdout.splitlines()) if len(p) >= 2 and p[1] in CHECKS}
+    assert statuses == {check: "PASS" for check in CHECKS}, proc.stdout[-4000:]
 
 
 # --------------------------------------------------------------------------- end to end
