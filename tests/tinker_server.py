@@ -10,12 +10,13 @@ tests talk to it with the ``tinker`` SDK from the project's environment, as a us
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
 from typing import Optional
+
+from verl.remote_backend.server_process import ServerProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SETUP_SCRIPT = REPO_ROOT / "scripts" / "setup_tinker_server.sh"
@@ -96,7 +97,7 @@ class TinkerServer:
         self.workdir = Path(workdir)
         self.port = port or free_port()
         self.max_lora_rank = max_lora_rank
-        self.proc: Optional[subprocess.Popen] = None
+        self.process: Optional[ServerProcess] = None
         self.log_path = self.workdir / f"tinker_server_{self.port}.log"
         self.ready_s: Optional[float] = None
 
@@ -123,10 +124,8 @@ class TinkerServer:
         env["PATH"] = f"{self.venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
         env.pop("VIRTUAL_ENV", None)
         env["JAX_PLATFORMS"] = "cpu"
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                self.command(), cwd=self.workdir, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
+        self.process = ServerProcess.start(self.command(), log_path=str(self.log_path), address=self.base_url,
+                                           env=env, cwd=str(self.workdir))
         start = time.monotonic()
         try:
             self._wait_ready(start + timeout_s)
@@ -141,8 +140,8 @@ class TinkerServer:
 
         last: Optional[BaseException] = None
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"tinker server exited with {self.proc.returncode}; log {self.log_path}:\n{self.tail()}")
+            if not self.process.alive():
+                raise RuntimeError(f"tinker server exited with {self.process.proc.returncode}; log {self.log_path}:\n{self.tail()}")
             try:
                 service = tinker.ServiceClient(base_url=self.base_url, api_key=API_KEY)
                 client = service.create_lora_training_client(base_model=self.model, rank=1)
@@ -154,38 +153,17 @@ class TinkerServer:
         raise TimeoutError(f"tinker server not ready in time: {last!r}; log {self.log_path}:\n{self.tail()}")
 
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self.process is not None and self.process.alive()
 
     def tail(self, n: int = 40) -> str:
-        try:
-            return "".join(self.log_path.read_text(errors="replace").splitlines(keepends=True)[-n:])
-        except OSError:
-            return ""
+        return self.process.tail(n) if self.process is not None else ""
 
     def kill(self) -> None:
         """SIGKILL the server's whole process session (a crash, as the fault test needs)."""
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait(timeout=30)
+        if self.process is not None:
+            self.process.kill()
 
     def stop(self) -> None:
         """SIGTERM the session, SIGKILL what is left after 20 s. Idempotent."""
-        if self.proc is None:
-            return
-        for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                self.proc.wait(timeout=wait)
-            except subprocess.TimeoutExpired:
-                continue
-            # the session may outlive its leader (the engine): make sure it is empty
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        if self.process is not None:
+            self.process.stop(timeout_s=20)

@@ -40,8 +40,6 @@ import json
 import logging
 import os
 import secrets
-import signal
-import subprocess
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -60,6 +58,7 @@ from verl.remote_backend.errors import (
 )
 from verl.remote_backend.registry import RemoteBackendRegistry
 from verl.remote_backend.results import BackendDevice, GenerateResult, LogProbResult, UpdateResult
+from verl.remote_backend.server_process import ServerProcess
 from verl.remote_backend.settings import select
 from verl.workers.remote_client.tinker import batch as tb
 from verl.workers.remote_client.tinker.config import (
@@ -114,36 +113,12 @@ def _datum(row: tb.Row, *, advantages: Optional[list[float]] = None) -> Any:
     return ttypes.Datum(model_input=ttypes.ModelInput.from_ints(toks[:-1]), loss_fn_inputs=inputs)
 
 
-class _LaunchedServer:
-    """A server this backend started (``launch_server=true``), in its own process session."""
-
-    def __init__(self, argv: list[str], log_path: str) -> None:
-        self.log_path = log_path
-        with open(log_path, "ab") as log:
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def stop(self) -> None:
-        for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                self.proc.wait(timeout=wait)
-                return
-            except subprocess.TimeoutExpired:
-                continue
-
-
 @RemoteBackendRegistry.register("tinker")
 class TinkerBackend(RemoteBackend):
     """verl <-> a Tinker-API server. Build with :meth:`from_config` only."""
 
     def __init__(self, main_config: "DictConfig", cfg: TinkerConfig, *, owner: bool, model_id: str, base_model: str,
-                 service: Any, training: Any = None, server: Optional[_LaunchedServer] = None) -> None:
+                 service: Any, training: Any = None, server: Optional[ServerProcess] = None) -> None:
         self._main = main_config
         self.cfg = cfg
         self._owner = owner
@@ -186,7 +161,8 @@ class TinkerBackend(RemoteBackend):
         if cfg.launch_server:
             log_dir = str(select(main_config, "trainer.default_local_dir", "."))
             os.makedirs(log_dir, exist_ok=True)
-            server = _LaunchedServer([str(a) for a in cfg.launch_command], os.path.join(log_dir, "tinker_server.log"))
+            server = ServerProcess.start(cfg.launch_command, log_path=os.path.join(log_dir, "tinker_server.log"),
+                                         address=cfg.base_url)
         deadline = time.monotonic() + float(cfg.startup_timeout_s)
         last: Optional[BaseException] = None
         while True:

@@ -7,56 +7,19 @@ the server binds ``remote_backend.arctic.host`` (127.0.0.1 by default).
 
 from __future__ import annotations
 
-import atexit
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 from typing import Optional, Sequence
 
+from verl.remote_backend.server_process import ServerProcess
 from verl.workers.remote_client.arctic.errors import ArcticUnreachableError
 from verl.workers.remote_client.arctic.server_http import probe_health
 
 __all__ = ["ServerProcess", "launch_server"]
 
 DEFAULT_SERVER_MODULE = "arctic_platform.common.http_server"
-
-
-class ServerProcess:
-    """A launched server: its ``Popen``, address and log file; :meth:`stop` is idempotent."""
-
-    def __init__(self, proc: subprocess.Popen, address: str, log_path: str) -> None:
-        self.proc = proc
-        self.address = address
-        self.log_path = log_path
-        atexit.register(self.stop)
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def stop(self, timeout_s: float = 15.0) -> None:
-        """SIGTERM the server's process group, SIGKILL after ``timeout_s``."""
-        if self.proc.poll() is not None:
-            return
-        for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                return
-            try:
-                self.proc.wait(timeout=wait)
-                return
-            except subprocess.TimeoutExpired:
-                continue
-
-    def tail(self, n: int = 20) -> str:
-        try:
-            with open(self.log_path, errors="replace") as fh:
-                return "".join(fh.readlines()[-n:])
-        except OSError:
-            return ""
 
 
 def launch_server(
@@ -98,14 +61,12 @@ def launch_server(
     log_dir = log_dir or tempfile.gettempdir()
     os.makedirs(log_dir, exist_ok=True)
     log_path = os.path.join(log_dir, f"arctic_server_{port}.log")
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    server = ServerProcess(proc, f"{host}:{port}", log_path)
+    server = ServerProcess.start(argv, log_path=log_path, address=f"{host}:{port}")
     deadline = time.monotonic() + float(startup_timeout_s)
     while True:
         if not server.alive():
             raise ArcticUnreachableError(
-                f"Arctic RL server launched at {server.address} exited with code {proc.returncode} before becoming "
+                f"Arctic RL server launched at {server.address} exited with code {server.proc.returncode} before becoming "
                 f"healthy; log {log_path}:\n{server.tail()}"
             )
         left = deadline - time.monotonic()
