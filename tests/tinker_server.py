@@ -23,39 +23,12 @@ SETUP_SCRIPT = REPO_ROOT / "scripts" / "setup_tinker_server.sh"
 API_KEY = "tml-verl-remote-backend-tests"
 
 
-def build_tiny_llama(out_dir: Path, *, hidden_size: int = 64, num_layers: int = 2, seed: int = 0) -> str:
-    """A random 2-layer Llama causal LM with the project's tiny byte-level BPE tokenizer.
+def build_tiny_llama(out_dir: Path, *, seed: int = 0) -> str:
+    """A random 2-layer Llama with the project's tiny tokenizer: skyrl's JAX backend loads Llama,
+    Qwen3, Qwen3.5 and DeepSeek-V3 architectures, not the Qwen2 the other backends' tests use."""
+    from verl.remote_backend.testing.tiny_model import build_tiny_model
 
-    skyrl's JAX backend loads Llama, Qwen3, Qwen3.5 and DeepSeek-V3 architectures, not Qwen2
-    (which the other backends' tests use), hence a Llama twin of ``tiny_model.build_tiny_model``.
-    """
-    import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
-
-    from verl.remote_backend.testing.tiny_model import build_tiny_tokenizer
-
-    out = str(out_dir)
-    tokenizer = build_tiny_tokenizer(out)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=hidden_size // 4,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        torch_dtype="float32",
-    )
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
-    model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    model.save_pretrained(out, safe_serialization=True)
-    return out
+    return build_tiny_model(str(out_dir), architecture="llama", seed=seed)
 
 
 class ServerEnvUnavailable(RuntimeError):

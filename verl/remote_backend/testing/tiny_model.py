@@ -85,16 +85,24 @@ def build_tiny_model(
     max_position_embeddings: int = 4096,
     vocab_size: int = 512,
     seed: int = 0,
+    architecture: str = "qwen2",
 ) -> str:
-    """Write a randomly initialised Qwen2 causal LM + tokenizer to ``out_dir``.
+    """Write a randomly initialised causal LM + tokenizer to ``out_dir``.
 
-    Deterministic for a given ``seed`` and sizes. Returns ``out_dir``.
+    ``architecture``: ``"qwen2"`` (what the local engine and Arctic's tests use) or ``"llama"``
+    (for servers that load Llama but not Qwen2, e.g. skyrl's JAX Tinker backend). Deterministic
+    for a given ``seed`` and sizes. Returns ``out_dir``.
     """
     import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    classes = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}
+    if architecture not in classes:
+        raise ValueError(f"architecture={architecture!r}: expected one of {sorted(classes)}")
+    config_cls, model_cls = classes[architecture]
 
     tokenizer = build_tiny_tokenizer(out_dir, vocab_size=vocab_size)
-    config = Qwen2Config(
+    config = config_cls(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=intermediate_size or 2 * hidden_size,
@@ -109,7 +117,7 @@ def build_tiny_model(
         torch_dtype="float32",
     )
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
+    model = model_cls(config)
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
     )
@@ -126,6 +134,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--kv-heads", type=int, default=2)
     parser.add_argument("--vocab", type=int, default=512)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--architecture", choices=["qwen2", "llama"], default="qwen2")
     args = parser.parse_args(argv)
     build_tiny_model(
         args.out_dir,
@@ -135,6 +144,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         num_kv_heads=args.kv_heads,
         vocab_size=args.vocab,
         seed=args.seed,
+        architecture=args.architecture,
     )
     print(args.out_dir)
 
