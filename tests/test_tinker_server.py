@@ -175,7 +175,7 @@ def test_update_actor_matches_verl_objective(server, tmp_path, mode):
         assert out.loss == pytest.approx(want, rel=1e-4, abs=1e-6), (mode, out.loss, want)
         assert out.metrics["pg_loss"] == [pytest.approx(want, rel=1e-4, abs=1e-6)]
         assert out.metrics["grad_norm"][0] > 0 and math.isfinite(out.metrics["grad_norm"][0])
-        assert out["global_token_num"] == [len(p) + len(r) for p, r in zip(prompts, responses)]
+        assert out.global_token_num == [len(p) + len(r) for p, r in zip(prompts, responses)]
         # gradient direction: the server's step lowers verl's objective on the same batch
         lp1 = run(backend.compute_log_prob(td, ref=False, calculate_entropy=False, rollout_n=1, temperature=1.0, pad_token_id=0))
         after = _verl_objective(actor_cfg, old, _padded(lp1.log_probs, dense, td), adv, mask, mode)
