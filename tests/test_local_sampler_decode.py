@@ -126,13 +126,14 @@ def test_a_sampler_copy_follows_the_trainer_only_after_sync(tiny_model_dir):
 
 
 def _independent_forward_flops(config, seqlens: list[int]) -> float:
-    """2 FLOPs per weight per token over every matmul (not the embedding lookup) + attention."""
+    """2 FLOPs per weight per token over every matmul (not the embedding lookup) + causal attention."""
     h, layers, vocab = config.hidden_size, config.num_hidden_layers, config.vocab_size
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     head_dim = getattr(config, "head_dim", None) or h // heads
     per_layer = h * heads * head_dim + 2 * h * kv_heads * head_dim + heads * head_dim * h + 3 * h * config.intermediate_size
     tokens = sum(seqlens)
-    attention = 4 * sum(s * s for s in seqlens) * head_dim * heads * layers  # scores + weighted values
+    # causal attention: scores and weighted values over the lower triangle, s^2 / 2 pairs each
+    attention = 2 * sum(s * s for s in seqlens) * head_dim * heads * layers
     return 2 * tokens * (layers * per_layer + vocab * h) + attention
 
 

@@ -77,10 +77,11 @@ def model_tflops(flops_counter: Any, seqlens: Sequence[int]) -> float:
     verl's ``FlopsCounter`` formula minus the input-embedding lookup, which it counts as a
     matmul but is a gather (0 FLOPs). For a dense decoder with ``T = sum(s_i)`` tokens::
 
-        6 * T * (L * (attn_linear + mlp) + V * H)  +  12 * sum(s_i^2) * head_dim * heads * L
+        6 * T * (L * (attn_linear + mlp) + V * H)  +  6 * sum(s_i^2) * head_dim * heads * L
 
     (``attn_linear``/``mlp`` = weight counts of one layer, ``V * H`` = the output head; the
-    second term is attention scores and values). A forward alone is a third of it.
+    second term is causal attention: scores and values over the lower triangle). A forward
+    alone is a third of it.
     Called by :func:`compute_mfu` (the forwarder) and by benchmarks.
     """
     seqlens = [int(s) for s in seqlens]
