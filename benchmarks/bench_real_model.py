@@ -1,22 +1,10 @@
-"""Row 7 - the local engine on a real model (SmolLM2-135M-Instruct, float32) with chat-templated gsm8k prompts.
+"""Row 7 - the local engine on a real model (SmolLM2-135M-Instruct, fp32, chat-templated gsm8k prompts).
 
-Everything runs in this process with the same torch thread count, each case side by side:
-
-* **sampling** - ``LocalEngine.sample`` (greedy) vs Hugging Face ``generate`` batched (left-padded,
-  greedy), same prompts and ``max_tokens``; ratio = engine tok/s / HF tok/s (target >= 2.5x);
-* **prefill** - one admission of all prompts vs one admission per prompt (ratio = sequential s /
-  concurrent s, target >= 1.5x) and the padded-slot fraction of the concurrent one (<= 5 %);
-* **requests** - N requests of 16 new tokens, together vs one at a time (informative);
-* **update_actor / compute_log_prob** - the engine vs a plain padded PyTorch loop on verl's dense
-  layout (same micro-batches, AdamW, PPO-clip loss); ratio = loop s / engine s (>= 1.5x / >= 1.0x);
-* **MFU** - the MFU the forwarder would report for that ``compute_log_prob`` vs an independent FLOP
-  count over the same measured peak (target ratio 0.85-1.15).
-
-Each case notes its useful FLOP/s as a fraction of the engine's measured matmul rate
-(``peak_flops``). Needs the model folder (``examples/gsm8k_remote/prepare_model.py``) and
-``../shared/data/gsm8k``; without them the row is skipped. ``--smoke`` uses the tiny test model.
-
-Usage: ``python -m benchmarks.bench_real_model [--prompts 32] [--max-tokens 64] [--threads 2] [--smoke]``.
+In this process, same torch threads, side by side: engine sampling vs HF ``generate`` batched;
+prefill in one admission vs one by one, and its padded slots; update_actor / compute_log_prob
+vs a plain padded PyTorch loop; the forwarder's MFU vs an independent FLOP count. Each case
+notes its FLOP/s as a fraction of the engine's measured matmul rate. Skipped without the model
+(``examples/gsm8k_remote/prepare_model.py``); ``--smoke`` uses the tiny test model.
 """
 
 from __future__ import annotations
@@ -31,7 +19,7 @@ from typing import Any, Optional
 
 import torch
 
-from benchmarks.common import Result, format_table
+from benchmarks.common import Result, format_table, time_interleaved
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO_ROOT / "examples" / "gsm8k_remote"
@@ -81,16 +69,18 @@ def run(
     train_rows: int = 16,
     micro_batch: int = 4,
     threads: int = 2,
+    repeats: int = 2,
     smoke: bool = False,
     verbose: bool = True,
 ) -> list[Result]:
-    """All cases once (after warm-ups) with ``threads`` torch threads (restored after).
+    """Every case after warm-ups, with ``threads`` torch threads (restored after); sampling,
+    prefill and compute_log_prob alternate engine and reference ``repeats`` times (medians).
     ``smoke``: the tiny test model, few prompts and tokens."""
     if smoke:
         from verl.remote_backend.testing.tiny_model import build_tiny_model
 
         model = build_tiny_model(tempfile.mkdtemp(prefix="bench_tiny_"))
-        prompts, max_tokens, prefill_prompts, train_rows, micro_batch = 4, 8, 8, 4, 2
+        prompts, max_tokens, prefill_prompts, train_rows, micro_batch, repeats = 4, 8, 8, 4, 2, 1
     model = model or str(default_model_dir())
     if not os.path.exists(os.path.join(model, "config.json")):
         print(f"[bench_real_model] no model at {model} (run examples/gsm8k_remote/prepare_model.py): row 7 skipped")
@@ -98,14 +88,14 @@ def run(
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return _run(model, prompts, max_tokens, prefill_prompts, train_rows, micro_batch, smoke, verbose)
+        return _run(model, prompts, max_tokens, prefill_prompts, train_rows, micro_batch, repeats, smoke, verbose)
     finally:
         torch.set_num_threads(previous_threads)
 
 
 def _run(
-    model: str, prompts: int, max_tokens: int, prefill_prompts: int, train_rows: int, micro_batch: int, smoke: bool,
-    verbose: bool,
+    model: str, prompts: int, max_tokens: int, prefill_prompts: int, train_rows: int, micro_batch: int, repeats: int,
+    smoke: bool, verbose: bool,
 ) -> list[Result]:
     from transformers import AutoConfig
 
@@ -114,7 +104,10 @@ def _run(
     from verl.workers.remote_client.local.engine import LocalEngine
 
     threads = torch.get_num_threads()
-    engine = LocalEngine(EngineSettings(model_path=model, optim={"lr": 1e-6}, backend=LocalBackendConfig(seed=0)))
+    engine = LocalEngine(EngineSettings(
+        model_path=model, optim={"lr": 1e-6}, backend=LocalBackendConfig(seed=0),
+        log_prob_micro_batch_size=micro_batch,  # the plain loop's micro-batches
+    ))
     config = AutoConfig.from_pretrained(model)
     counter = FlopsCounter(config)
     peak = engine.peak_flops
@@ -125,22 +118,29 @@ def _run(
     def frac(seqlens: list[int], seconds: float, *, forward_only: bool) -> float:
         return independent_forward_flops(config, seqlens) * (1 if forward_only else 3) / seconds / peak
 
-    results = [*_sampling(engine, ids[:prompts], max_tokens, frac, where)]
-    results += _prefill(engine, ids[:prefill_prompts], frac, where)
-    results += _requests(engine, ids[:prefill_prompts], frac, where)
-    results += _training(engine, ids[:train_rows], max_tokens, micro_batch, frac, counter, where)
+    results = [*_sampling(engine, ids[:prompts], max_tokens, frac, where, repeats)]
+    results += _prefill(engine, ids[:prefill_prompts], frac, where, repeats)
+    results += _requests(engine, ids[: max(1, prefill_prompts // 4)], frac, where)
+    results += _training(engine, ids[:train_rows], max_tokens, micro_batch, frac, counter, where, repeats)
     if verbose:
         print(format_table(results))
     return results
 
 
-def _sampling(engine: Any, ids: list[list[int]], max_tokens: int, frac: Any, where: str) -> list[Result]:
+def _sampling(engine: Any, ids: list[list[int]], max_tokens: int, frac: Any, where: str, repeats: int) -> list[Result]:
     params = {"max_tokens": max_tokens, "temperature": 0}
     engine.sample([engine.make_request(ids[0], {"max_tokens": 2})])  # warm-up
-    start = time.perf_counter()
-    ours = engine.sample([engine.make_request(p, params) for p in ids])
-    t_engine = time.perf_counter() - start
-    hf_tokens, t_hf = _hf_generate(engine, ids, max_tokens)
+    outputs: dict[str, Any] = {}
+
+    def ours_run() -> None:
+        outputs["ours"] = engine.sample([engine.make_request(p, params) for p in ids])
+
+    def hf_run() -> None:
+        outputs["hf"] = _hf_generate(engine, ids, max_tokens)[0]
+
+    times = time_interleaved({"engine": ours_run, "hf": hf_run}, repeats=repeats, warmup=0)
+    t_engine, t_hf = times["engine"], times["hf"]
+    ours, hf_tokens = outputs["ours"], outputs["hf"]
     n_engine = sum(len(r.token_ids) for r in ours)
     n_hf = sum(len(t) for t in hf_tokens)
     same = sum(r.token_ids == t for r, t in zip(ours, hf_tokens))
@@ -180,17 +180,22 @@ def _hf_generate(engine: Any, ids: list[list[int]], max_tokens: int) -> tuple[li
     return rows, seconds
 
 
-def _prefill(engine: Any, ids: list[list[int]], frac: Any, where: str) -> list[Result]:
+def _prefill(engine: Any, ids: list[list[int]], frac: Any, where: str, repeats: int) -> list[Result]:
     reqs = [engine.make_request(p, {"max_tokens": 1, "temperature": 0}) for p in ids]
     engine.decode_batch().admit([(0, reqs[0])])  # warm-up
-    start = time.perf_counter()
     together = engine.decode_batch()
-    together.admit(list(enumerate(reqs)))
-    t_conc = time.perf_counter() - start
-    start = time.perf_counter()
-    for i, r in enumerate(reqs):
-        engine.decode_batch().admit([(i, r)])
-    t_seq = time.perf_counter() - start
+
+    def concurrent() -> None:
+        nonlocal together
+        together = engine.decode_batch()
+        together.admit(list(enumerate(reqs)))
+
+    def sequential() -> None:
+        for i, r in enumerate(reqs):
+            engine.decode_batch().admit([(i, r)])
+
+    times = time_interleaved({"concurrent": concurrent, "sequential": sequential}, repeats=repeats, warmup=0)
+    t_conc, t_seq = times["concurrent"], times["sequential"]
     lens = [len(p) for p in ids]
     padded = (together.prefill_slots - together.prefill_tokens) / together.prefill_tokens
     return [
@@ -222,7 +227,7 @@ def _requests(engine: Any, ids: list[list[int]], frac: Any, where: str) -> list[
     seqlens = [len(p) + len(r.token_ids) for p, r in zip(ids, together)]
     return [
         Result(
-            row=ROW, case=f"requests: {len(ids)} prompts x 16 new tokens, together vs one at a time",
+            row=ROW, case=f"requests: {len(ids)} prompts x 16 new tokens, together vs one at a time (single run each)",
             a=t_conc, a_label="together s", b=t_seq, b_label="one at a time s", ratio=t_seq / t_conc,
             note=f"matmul-rate fraction together {frac(seqlens, t_conc, forward_only=True):.2f}, "
             f"one at a time {frac(seqlens, t_seq, forward_only=True):.2f}",
@@ -231,7 +236,7 @@ def _requests(engine: Any, ids: list[list[int]], frac: Any, where: str) -> list[
 
 
 def _training(
-    engine: Any, ids: list[list[int]], max_tokens: int, micro: int, frac: Any, counter: Any, where: str
+    engine: Any, ids: list[list[int]], max_tokens: int, micro: int, frac: Any, counter: Any, where: str, repeats: int
 ) -> list[Result]:
     """update_actor and compute_log_prob vs a plain padded loop on the same rollouts."""
     import copy
@@ -306,8 +311,11 @@ def _training(
     timed(lambda: engine.compute_log_prob(logp_td, ref=False, calculate_entropy=False, temperature=1.0))
     t_up = timed(lambda: engine.update_actor(update_td, actor_cfg, temperature=1.0))
     t_up_plain = timed(plain_update)
-    t_lp = timed(lambda: engine.compute_log_prob(logp_td, ref=False, calculate_entropy=False, temperature=1.0))
-    t_lp_plain = timed(plain_log_prob)
+    lp_times = time_interleaved({
+        "engine": lambda: engine.compute_log_prob(logp_td, ref=False, calculate_entropy=False, temperature=1.0),
+        "plain": plain_log_prob,
+    }, repeats=repeats, warmup=0)
+    t_lp, t_lp_plain = lp_times["engine"], lp_times["plain"]
     reported = compute_mfu(counter, seqlens, t_lp, BackendDevice.from_dict(engine.device_report()), forward_only=True)
     independent = frac(seqlens, t_lp, forward_only=True)
     case = f"{rows} rollouts ({sum(seqlens)} tokens), micro-batch {micro}"
@@ -352,10 +360,11 @@ def main() -> None:
     parser.add_argument("--prefill-prompts", type=int, default=64)
     parser.add_argument("--train-rows", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--smoke", action="store_true", help="tiny test model, tiny sizes")
     args = parser.parse_args()
     run(model=args.model, prompts=args.prompts, max_tokens=args.max_tokens, prefill_prompts=args.prefill_prompts,
-        train_rows=args.train_rows, threads=args.threads, smoke=args.smoke)
+        train_rows=args.train_rows, threads=args.threads, repeats=args.repeats, smoke=args.smoke)
 
 
 if __name__ == "__main__":
