@@ -85,7 +85,7 @@ def run(
         return [
             Result(
                 row="4 sampling",
-                case=f"{requests} concurrent generate, max_tokens={max_tokens}, tiny model (tokens/s)",
+                case=f"{requests} concurrent generate, max_tokens={max_tokens}, tiny model: call overhead (tokens/s)",
                 a=tok_b / t_b,
                 a_label="batched tok/s",
                 b=tok_s / t_s,

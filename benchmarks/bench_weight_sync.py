@@ -2,7 +2,7 @@
 
 For each model (built at run time with ``build_tiny_model``; the large one is a
 GPT-2-small-sized Qwen2, ~113M parameters) the local engine is started through
-``LocalBackend`` and ``update_weights()`` - what the forwarder calls after
+``LocalBackend`` with ``share_sampler_weights=false`` and ``update_weights()`` - what the forwarder calls after
 every update - is timed from the client (Ray call, drain of the sampler, copy
 of every parameter into the sampler's weights, answer).
 
@@ -60,8 +60,12 @@ def run(models: Sequence[str], *, repeats: int = 5) -> list[Result]:
     for name in models:
         model_dir = build_tiny_model(tempfile.mkdtemp(prefix=f"bench_ws_{name.strip('~')}_"), **MODELS[name])
         params = _param_count(model_dir)
+        # the copy path: with shared weights (the default) update_weights copies nothing
         cfg = OmegaConf.create(
-            {"actor_rollout_ref": {"model": {"path": model_dir}, "actor": {"optim": {"lr": 1e-6}}}}
+            {
+                "actor_rollout_ref": {"model": {"path": model_dir}, "actor": {"optim": {"lr": 1e-6}}},
+                "remote_backend": {"local": {"share_sampler_weights": False}},
+            }
         )
         backend = RemoteBackendRegistry.create("local", cfg)
         try:

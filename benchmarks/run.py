@@ -8,8 +8,10 @@ Usage (from the repository root)::
     python -m benchmarks.run --rows 1,2 --out results.md
 
 Rows: 1 forwarding overhead, 2 layout conversion, 3 end-to-end share,
-4 sampling, 5 weight sync, 6 Arctic generation (see each ``bench_*.py``; row 6
-starts the Arctic stand-in server as its own process). The process starts one
+4 sampling (tiny model: call overhead), 5 weight sync, 6 Arctic generation (row 6
+starts the Arctic stand-in server as its own process), 7 the local engine on a
+real model (SmolLM2-135M, gsm8k prompts, in this process; the tiny model in --smoke,
+skipped when the model is absent); see each ``bench_*.py``. The process starts one
 local Ray session for rows 1, 3 (replica hop), 4 and 5 and shuts it down at the
 end; row 3's GRPO run is a child process with its own Ray session. torch runs
 single-threaded in this driver, as in verl's trainer driver (a one-CPU Ray
@@ -59,7 +61,7 @@ def _profiles() -> dict[str, Profile]:
     }
 
 
-def run_suite(mode: str = "full", rows: tuple[int, ...] = (1, 2, 3, 4, 5, 6), *, log: Callable[[str], None] = print) -> list[Result]:
+def run_suite(mode: str = "full", rows: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7), *, log: Callable[[str], None] = print) -> list[Result]:
     """Run the selected rows in ``mode`` (``full``, ``quick`` or ``smoke``) and return their results.
 
     Starts (and shuts down) a local Ray session when a selected row needs one.
@@ -85,6 +87,7 @@ def run_suite(mode: str = "full", rows: tuple[int, ...] = (1, 2, 3, 4, 5, 6), *,
             (5, "weight sync", lambda: _weight_sync(profile)),
             (3, "end-to-end share", lambda: _e2e(profile, mode)),
             (6, "arctic generation", lambda: _arctic_generate(profile)),
+            (7, "real model", lambda: _real_model(mode)),
         ]
         for row, title, fn in steps:
             if row not in rows:
@@ -136,6 +139,17 @@ def _arctic_generate(p: Profile) -> list[Result]:
     return run(requests=p.sampling_requests, max_tokens=p.sampling_tokens, hidden=hidden, layers=layers, verbose=False)
 
 
+def _real_model(mode: str) -> list[Result]:
+    from benchmarks.bench_real_model import run
+
+    threads = 2  # the issue's comparison: engine and HF generate with the same two threads
+    if mode == "smoke":
+        return run(smoke=True, threads=threads, verbose=False)
+    if mode == "quick":
+        return run(prompts=16, max_tokens=32, prefill_prompts=32, train_rows=8, threads=threads, verbose=False)
+    return run(threads=threads, verbose=False)
+
+
 def _e2e(p: Profile, mode: str) -> list[Result]:
     from benchmarks.bench_e2e_share import run
 
@@ -149,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats")
     group.add_argument("--smoke", action="store_true", help="tiny sizes, no thresholds")
-    parser.add_argument("--rows", default="1,2,3,4,5,6", help="comma-separated row numbers (default: all)")
+    parser.add_argument("--rows", default="1,2,3,4,5,6,7", help="comma-separated row numbers (default: all)")
     parser.add_argument("--out", type=Path, default=None, help="also write the Markdown table here")
     parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
     args = parser.parse_args(argv)
@@ -159,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     results = run_suite(mode, rows)
     command = "python -m benchmarks.run" + {"full": "", "quick": " --quick", "smoke": " --smoke"}[mode]
-    if args.rows != "1,2,3,4,5,6":
+    if args.rows != "1,2,3,4,5,6,7":
         command += f" --rows {args.rows}"
     header = (
         f"`{command}` - {platform.machine()}, {_cpu_count()} CPUs, python {platform.python_version()}, "

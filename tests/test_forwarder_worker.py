@@ -88,13 +88,14 @@ def _batch(lengths=(5, 7), epochs=2):
 
 
 def _hand_computed_flops(model_dir: str, seqlens: list[int]) -> float:
-    """verl's Qwen2 count, written out: 6 * dense params * tokens + 6 * sum(s^2) * head_dim * heads * layers."""
+    """verl's Qwen2 count without the embedding lookup, written out: 6 * matmul params * tokens +
+    6 * sum(s^2) * head_dim * heads * layers (matmul params: the layers' and the output head's)."""
     cfg = json.loads((Path(model_dir) / "config.json").read_text())
     h, v, layers = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
     heads, kv_heads, inter = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["intermediate_size"]
     head_dim = h // heads
     attn_linear = h * (heads * head_dim + 2 * kv_heads * head_dim + heads * head_dim)
-    dense = (3 * h * inter + attn_linear) * layers + 2 * v * h
+    dense = (3 * h * inter + attn_linear) * layers + v * h
     return 6 * dense * sum(seqlens) + 6 * sum(s * s for s in seqlens) * head_dim * heads * layers
 
 

@@ -1,4 +1,9 @@
-"""Model FLOPs utilisation of a backend's accelerators (never the forwarder's own CPU)."""
+"""Model FLOPs utilisation of a backend's accelerators (never the forwarder's own CPU).
+
+The denominator is the device's peak (reported by the backend, e.g. measured by
+:func:`measure_matmul_flops`, else verl's table); the numerator is verl's FLOP count
+without the input-embedding lookup (:func:`model_tflops`).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ from typing import Any
 
 from verl.remote_backend.results import BackendDevice
 
-__all__ = ["resolve_peak_flops", "compute_mfu"]
+__all__ = ["resolve_peak_flops", "compute_mfu", "model_tflops", "measure_matmul_flops"]
 
 _TYPE_TO_TABLE_NAME = {"cpu": "CPU"}
 
@@ -60,8 +65,67 @@ def compute_mfu(
     peak = resolve_peak_flops(device)
     if not math.isfinite(peak):
         return 0.0
-    achieved_tflops, _local_peak = flops_counter.estimate_flops(seqlens, seconds)
-    mfu = float(achieved_tflops) * 1e12 / (peak * device.count)
+    mfu = model_tflops(flops_counter, seqlens) / seconds * 1e12 / (peak * device.count)
     return mfu / 3.0 if forward_only else mfu
 
 
+
+
+def model_tflops(flops_counter: Any, seqlens: Sequence[int]) -> float:
+    """Forward+backward TFLOPs of one pass over sequences of lengths ``seqlens`` (tokens).
+
+    verl's ``FlopsCounter`` formula minus the input-embedding lookup, which it counts as a
+    matmul but is a gather (0 FLOPs). For a dense decoder with ``T = sum(s_i)`` tokens::
+
+        6 * T * (L * (attn_linear + mlp) + V * H)  +  6 * sum(s_i^2) * head_dim * heads * L
+
+    (``attn_linear``/``mlp`` = weight counts of one layer, ``V * H`` = the output head; the
+    second term is causal attention: scores and values over the lower triangle). A forward
+    alone is a third of it.
+    Called by :func:`compute_mfu` (the forwarder) and by benchmarks.
+    """
+    seqlens = [int(s) for s in seqlens]
+    tflops, _ = flops_counter.estimate_flops(seqlens, 1.0)  # over 1 s = TFLOPs of the pass
+    config = getattr(flops_counter, "config", None)
+    config = getattr(config, "text_config", None) or config
+    vocab, hidden = getattr(config, "vocab_size", None), getattr(config, "hidden_size", None)
+    if not tflops or not vocab or not hidden:
+        return float(tflops or 0.0)
+    return max(0.0, float(tflops) - 6.0 * vocab * hidden * sum(seqlens) / 1e12)
+
+
+def measure_matmul_flops(device: Any, dtype: Any, *, size: int = 0, seconds: float = 0.3) -> float:
+    """Achievable dense matmul FLOP/s of ``device`` in ``dtype``: the best of square matmuls
+    repeated for about ``seconds`` (after one warm-up), with the calling process's threads.
+
+    ``size`` 0 picks 1024 on CPU and 4096 on an accelerator. Called once by an engine at start;
+    the result is what it reports as ``BackendDevice.peak_flops``.
+    """
+    import time
+
+    import torch
+
+    device = torch.device(device)
+    n = size or (1024 if device.type == "cpu" else 4096)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    a = torch.randn(n, n, generator=gen).to(device=device, dtype=dtype)
+    b = torch.randn(n, n, generator=gen).to(device=device, dtype=dtype)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    best, spent = 0.0, 0.0
+    with torch.no_grad():
+        torch.mm(a, b)
+        sync()
+        while spent < seconds:
+            start = time.perf_counter()
+            for _ in range(1 if device.type == "cpu" else 10):
+                out = torch.mm(a, b)
+            sync()
+            took = time.perf_counter() - start
+            spent += took
+            best = max(best, (2.0 * n**3 * (1 if device.type == "cpu" else 10)) / took)
+    del out
+    return best

@@ -9,6 +9,7 @@ threads while the actor's event loop keeps accepting calls, which is what lets c
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from typing import Any, Callable, Optional, Sequence
 
@@ -25,9 +26,12 @@ class EngineActor:
 
     Every method is ``async`` and runs the compute in ``asyncio.to_thread``. Concurrent
     ``generate`` calls queue up; one batching task decodes up to ``max_batch_size`` of them
-    together (waiting ``batch_wait_ms`` after the first arrival into an idle engine for the rest
-    of a burst), admits queued requests between decode steps, and answers each caller as soon
-    as its own row finishes.
+    together, admits queued requests between decode steps, and answers each caller as soon
+    as its own row finishes. Admission rule of an idle engine: after the first arrival, wait
+    until ``batch_wait_ms`` pass with no new arrival (a burst's calls arrive one by one), at
+    most ``20 * batch_wait_ms`` in all, or until ``max_batch_size`` are queued; then admit
+    them together. When the sampler shares the trained weights, training calls first drain
+    the decode batch (held-back requests are admitted after).
     """
 
     def __init__(self, settings: EngineSettings) -> None:
@@ -43,7 +47,7 @@ class EngineActor:
         self._pending: list[tuple[asyncio.Future, SampleRequest]] = []
         self._wakeup: Optional[asyncio.Event] = None
         self._batcher: Optional[asyncio.Task] = None
-        self._admission_paused = False
+        self._admission_paused = 0  # > 0 while some call needs the decode batch drained
         self._step_in_flight = False
         self.batches_run = 0  # admission events (prefills), for tests and the benchmark
 
@@ -59,13 +63,16 @@ class EngineActor:
         return outputs_to_numpy(result)  # the client turns them back into tensors (transport.py)
 
     async def update_actor(self, data: Any, *, actor_config: Any, temperature: float) -> dict:
-        return await asyncio.to_thread(_timed, self.engine.update_actor, data, actor_config, temperature=temperature)
+        fn = functools.partial(_timed, self.engine.update_actor, data, actor_config, temperature=temperature)
+        if not self.engine.shares_sampler_weights:
+            return await asyncio.to_thread(fn)
+        return await self._with_sampler_drained(fn)
 
     async def save_checkpoint(self, path: str, step: Optional[int]) -> str:
         return await asyncio.to_thread(self.engine.save_checkpoint, path, step)
 
     async def load_checkpoint(self, path: str, step: Optional[int]) -> dict:
-        return await asyncio.to_thread(self.engine.load_checkpoint, path, step)
+        return await self._with_sampler_drained(functools.partial(self.engine.load_checkpoint, path, step))
 
     async def generate(self, prompt_ids: Sequence[int], sampling_params: dict[str, Any]) -> dict[str, Any]:
         """Validate (raising ``ValueError`` before any work), enqueue, await the result."""
@@ -82,13 +89,17 @@ class EngineActor:
         entirely with one policy version: in-flight ones with the old weights,
         later ones with the new.
         """
-        self._admission_paused = True
+        return await self._with_sampler_drained(self.engine.sync_sampler_weights)
+
+    async def _with_sampler_drained(self, fn: Callable[[], Any]) -> Any:
+        """Hold back new requests, wait for the running decode batch to finish, run ``fn`` in a thread."""
+        self._admission_paused += 1
         try:
             while len(self._batch) or self._step_in_flight:
                 await asyncio.sleep(0.002)
-            return await asyncio.to_thread(self.engine.sync_sampler_weights)
+            return await asyncio.to_thread(fn)
         finally:
-            self._admission_paused = False
+            self._admission_paused -= 1
             if self._wakeup is not None:
                 self._wakeup.set()
 
@@ -108,8 +119,8 @@ class EngineActor:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
-            if not len(self._batch) and len(self._pending) < cfg.max_batch_size and cfg.batch_wait_ms > 0:
-                await asyncio.sleep(cfg.batch_wait_ms / 1000.0)  # let a burst of concurrent calls arrive
+            if not len(self._batch) and cfg.batch_wait_ms > 0:
+                await self._gather_burst(cfg.batch_wait_ms / 1000.0, cfg.max_batch_size)
             admit: list = []
             if not self._admission_paused and self._batch.can_join:
                 room = cfg.max_batch_size - len(self._batch)
@@ -133,6 +144,19 @@ class EngineActor:
             for fut, result in finished:
                 if not fut.done():
                     fut.set_result(result)
+
+
+    async def _gather_burst(self, gap_s: float, limit: int) -> None:
+        """Wait while a burst is still arriving: until ``gap_s`` passes without a new request,
+        ``limit`` requests are queued, or ``20 * gap_s`` has passed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 20 * gap_s
+        seen = len(self._pending)
+        while seen < limit and loop.time() < deadline:
+            await asyncio.sleep(min(gap_s, max(0.0, deadline - loop.time())))
+            if len(self._pending) == seen:
+                return
+            seen = len(self._pending)
 
 
 def _timed(op: Callable[..., dict], *args: Any, **kwargs: Any) -> dict:

@@ -30,6 +30,7 @@ class LocalBackendConfig:
     dtype: str = setting("float32", choices=DTYPES)
     autocast_dtype: Optional[str] = setting(None, choices=DTYPES, fix="use one of these, or null")
     sampler_dtype: Optional[str] = setting(None, choices=DTYPES, fix="use one of these, or null")
+    share_sampler_weights: bool = True
     attn_implementation: str = setting("sdpa", choices=("sdpa", "eager", "flash_attention_2", "flash_attention_3"))
     num_cpus: float = setting(1.0, gt=0)
     max_batch_size: int = setting(64, ge=1)

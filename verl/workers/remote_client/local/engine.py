@@ -20,6 +20,7 @@ from tensordict import TensorDict
 
 from verl.remote_backend.base import BackendDevice
 from verl.remote_backend.errors import ConfigError
+from verl.remote_backend.mfu import measure_matmul_flops
 
 from .checkpoint import CheckpointError, get_rng_state, set_rng_state, verify_checkpoint_dir, write_checkpoint_dir
 from .config import EngineSettings
@@ -40,9 +41,12 @@ class LocalEngine:
     """Owns the trained model, its optimizer and LR schedule, an optional frozen
     reference model and the sampler's weight copy, all on one device.
 
-    Thread-safe: training-side calls serialise on one lock, sampling on another, so a
-    sampling batch may run while the actor trains. The sampler decodes from its own weight
-    copy, refreshed only by :meth:`sync_sampler_weights`.
+    Thread-safe: training-side calls serialise on one lock, sampling on another. With
+    ``share_sampler_weights`` and equal dtypes (:attr:`shares_sampler_weights`) the sampler
+    module reads the trained parameters in place (no second copy; the caller must not sample
+    while training: the actor drains its decode batch first); otherwise it decodes from its
+    own weight copy, refreshed only by :meth:`sync_sampler_weights`, and may run while the
+    actor trains. The device's matmul rate is measured once at start (:meth:`device_report`).
     """
 
     def __init__(self, settings: EngineSettings) -> None:
@@ -68,7 +72,15 @@ class LocalEngine:
         self.model.train()
         self.ref_model = self._frozen(self._load_model(self.dtype)) if settings.need_ref else None
         sampler_dtype = DTYPE_BY_NAME[cfg.sampler_dtype] if cfg.sampler_dtype else self.dtype
-        self.sampler_model = self._frozen(copy.deepcopy(self.model).to(sampler_dtype))
+        self.shares_sampler_weights = bool(cfg.share_sampler_weights) and sampler_dtype == self.dtype
+        if self.shares_sampler_weights:
+            # A second module object over the same Parameter objects: its own eval() flag, no copy.
+            # requires_grad stays on (they are the trainer's); the sampler runs under no_grad.
+            shared = {id(t): t for t in list(self.model.parameters()) + list(self.model.buffers())}
+            self.sampler_model = copy.deepcopy(self.model, memo=shared).eval()
+        else:
+            self.sampler_model = self._frozen(copy.deepcopy(self.model).to(sampler_dtype))
+        self.peak_flops = measure_matmul_flops(self.device, self.dtype)
 
         self.optimizer, self.lr_scheduler = build_optimizer_and_scheduler(self.model, settings)
 
@@ -113,14 +125,14 @@ class LocalEngine:
 
     # ------------------------------------------------------------------ info
     def device_report(self) -> dict[str, Any]:
-        """``BackendDevice`` dict of the device this engine computes on (for MFU)."""
+        """``BackendDevice`` dict of the device this engine computes on (for MFU); ``peak_flops`` is
+        the dense matmul rate measured at start in the model's dtype (:func:`measure_matmul_flops`)."""
         if self.device.type == "cuda":
-            from verl.utils.flops_counter import get_device_flops
-
-            peak = get_device_flops(unit="B")  # "B" = plain FLOP/s
             name = torch.cuda.get_device_name(self.device)
-            return BackendDevice("cuda", 1, None if not np.isfinite(peak) else float(peak), name).to_dict()
-        return BackendDevice("cpu", 1, None, platform.processor() or platform.machine() or None).to_dict()
+        else:
+            name = platform.processor() or platform.machine() or None
+        peak = float(self.peak_flops) if np.isfinite(self.peak_flops) and self.peak_flops > 0 else None
+        return BackendDevice(self.device.type, 1, peak, name).to_dict()
 
     def info(self) -> dict[str, Any]:
         """Small status dict: model, device, counters, limits (used by the client and tests)."""
@@ -293,12 +305,14 @@ class LocalEngine:
         return self.sample([self.make_request(prompt_ids, sampling_params)])[0].to_dict()
 
     def sync_sampler_weights(self) -> dict[str, Any]:
-        """Copy the trained weights into the sampler; bump and return ``policy_version``."""
+        """Copy the trained weights into the sampler (nothing to copy when shared); bump and
+        return ``policy_version``."""
         with self._train_lock, self._sample_lock, torch.no_grad():
             src = dict(self.model.named_parameters())
             src.update(dict(self.model.named_buffers()))
             for name, dst in list(self.sampler_model.named_parameters()) + list(self.sampler_model.named_buffers()):
-                dst.copy_(src[name])
+                if dst is not src[name]:
+                    dst.copy_(src[name])
             self.policy_version += 1
             return {"policy_version": self.policy_version}
 

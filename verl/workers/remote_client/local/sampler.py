@@ -2,8 +2,10 @@
 
 It decodes many requests together, continuously (rows join and leave between decode steps),
 each with its own sampling parameters and, when seeded, its own random stream, so concurrent
-rollouts share forward passes without changing what each one samples. Pure code: no Ray, no
-asyncio; the engine's actor feeds concurrent ``generate`` calls into one :class:`DecodeBatch`.
+rollouts share forward passes without changing what each one samples. Prompts are prefilled in
+length groups (padding <= 5 % of real tokens) and join the running batch through per-row KV
+slots (:mod:`.slot_cache`). Pure code: no Ray, no asyncio; the engine's actor feeds concurrent
+``generate`` calls into one :class:`DecodeBatch`.
 """
 
 from __future__ import annotations
@@ -14,7 +16,11 @@ from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
-__all__ = ["SamplingParams", "SampleRequest", "SampleResult", "DecodeBatch", "sample_batch", "process_logits"]
+from .slot_cache import SlotCache
+
+__all__ = [
+    "SamplingParams", "SampleRequest", "SampleResult", "DecodeBatch", "sample_batch", "process_logits", "prefill_groups",
+]
 
 
 @dataclass(frozen=True)
@@ -115,56 +121,71 @@ def process_logits(
     top_p: torch.Tensor,
     generator: Optional[torch.Generator] = None,
     row_generators: Optional[Sequence[Optional[torch.Generator]]] = None,
+    want_logprobs: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row with per-row sampling parameters.
 
     Args:
         logits: ``[n, V]`` float32 next-token logits (repetition penalty applied).
-        temperature: ``[n]``; rows with 0 decode greedily.
+        temperature: ``[n]``; rows with 0 decode greedily (argmax, no softmax, no draw).
         top_k: ``[n]`` int64; <= 0 = off.
         top_p: ``[n]`` in (0, 1]; 1 = off.
-        generator: RNG for ``torch.multinomial`` of the rows without their own.
+        generator: RNG for ``torch.multinomial`` of the sampled rows without their own.
         row_generators: ``n`` entries; a row with a generator draws from it alone (one draw
             per token), so its tokens do not depend on the other rows.
+        want_logprobs: ``[n]`` bool, rows whose log-prob is needed (``None``: all rows). The
+            full-vocabulary ``log_softmax`` runs on these rows only.
 
     Returns:
-        ``(tokens [n] int64, log_probs [n] float32)``: the chosen tokens and their
-        log-prob under ``log_softmax(logits / T)`` (``T = 1`` for greedy rows), before
-        top-k/top-p truncation: the quantity verl's ``compute_log_prob`` computes at that
-        temperature, so rollout and training log-probs are comparable.
+        ``(tokens [n] int64, log_probs [n] float32)``: the chosen tokens and, for the rows that
+        want them (0 elsewhere), their log-prob under ``log_softmax(logits / T)`` (``T = 1``
+        for greedy rows), before top-k/top-p truncation: the quantity verl's
+        ``compute_log_prob`` computes at that temperature, so rollout and training log-probs
+        are comparable.
     """
+    n = logits.shape[0]
     greedy = temperature <= 0
-    scale = torch.where(greedy, torch.ones_like(temperature), temperature)
-    scaled = logits / scale[:, None]
-    log_probs = torch.log_softmax(scaled, dim=-1)
-
-    filtered = scaled
-    needs_filter = (top_k > 0) | (top_p < 1.0)
-    if bool(needs_filter.any()):
-        vocab = logits.shape[-1]
-        sorted_vals, sorted_idx = scaled.sort(dim=-1, descending=True)
-        ranks = torch.arange(vocab, device=logits.device)[None, :]
-        k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))
-        keep = ranks < k[:, None]
-        probs = torch.softmax(sorted_vals.masked_fill(~keep, float("-inf")), dim=-1)
-        mass_before = probs.cumsum(dim=-1) - probs
-        keep &= (mass_before < top_p[:, None]) | (top_p[:, None] >= 1.0)  # always keeps rank 0
-        keep_vocab = torch.zeros_like(keep).scatter(-1, sorted_idx, keep)
-        filtered = scaled.masked_fill(~keep_vocab, float("-inf"))
-
-    probs = torch.softmax(filtered, dim=-1)
-    if row_generators is None or all(g is None for g in row_generators):
-        sampled = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-    else:
-        sampled = torch.zeros(probs.shape[0], dtype=torch.long, device=probs.device)
-        shared = [i for i, g in enumerate(row_generators) if g is None]
+    tokens = logits.argmax(dim=-1)
+    sampled_rows = (~greedy).nonzero().squeeze(-1)
+    if sampled_rows.numel():
+        rows = sampled_rows
+        scaled = logits[rows] / temperature[rows, None]
+        k_rows, p_rows = top_k[rows], top_p[rows]
+        needs_filter = (k_rows > 0) | (p_rows < 1.0)
+        if bool(needs_filter.any()):
+            scaled = _top_k_top_p(scaled, k_rows, p_rows)
+        probs = torch.softmax(scaled, dim=-1)
+        gens = [None] * n if row_generators is None else list(row_generators)
+        own = [j for j, r in enumerate(rows.tolist()) if gens[r] is not None]
+        shared = [j for j, r in enumerate(rows.tolist()) if gens[r] is None]
+        drawn = torch.zeros(rows.numel(), dtype=torch.long, device=logits.device)
         if shared:
-            sampled[shared] = torch.multinomial(probs[shared], 1, generator=generator).squeeze(-1)
-        for i, g in enumerate(row_generators):
-            if g is not None:
-                sampled[i] = torch.multinomial(probs[i], 1, generator=g)[0]
-    tokens = torch.where(greedy, logits.argmax(dim=-1), sampled)
-    return tokens, log_probs.gather(-1, tokens[:, None]).squeeze(-1)
+            drawn[shared] = torch.multinomial(probs[shared], 1, generator=generator).squeeze(-1)
+        for j in own:
+            drawn[j] = torch.multinomial(probs[j], 1, generator=gens[int(rows[j])])[0]
+        tokens[rows] = drawn
+    log_probs = torch.zeros(n, device=logits.device)
+    lp_rows = torch.arange(n, device=logits.device) if want_logprobs is None else want_logprobs.nonzero().squeeze(-1)
+    if lp_rows.numel():
+        t = temperature[lp_rows]
+        scale = torch.where(t <= 0, torch.ones_like(t), t)
+        lp = torch.log_softmax(logits[lp_rows] / scale[:, None], dim=-1)
+        log_probs[lp_rows] = lp.gather(-1, tokens[lp_rows, None]).squeeze(-1)
+    return tokens, log_probs
+
+
+def _top_k_top_p(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """``scaled`` ``[m, V]`` with tokens outside each row's top-k / nucleus set to -inf (rank 0 always kept)."""
+    vocab = scaled.shape[-1]
+    sorted_vals, sorted_idx = scaled.sort(dim=-1, descending=True)
+    ranks = torch.arange(vocab, device=scaled.device)[None, :]
+    k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))
+    keep = ranks < k[:, None]
+    probs = torch.softmax(sorted_vals.masked_fill(~keep, float("-inf")), dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs
+    keep &= (mass_before < top_p[:, None]) | (top_p[:, None] >= 1.0)
+    keep_vocab = torch.zeros_like(keep).scatter(-1, sorted_idx, keep)
+    return scaled.masked_fill(~keep_vocab, float("-inf"))
 
 
 def _cache_kwarg(model: torch.nn.Module) -> str:
@@ -172,22 +193,52 @@ def _cache_kwarg(model: torch.nn.Module) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
+def prefill_groups(lengths: Sequence[int], *, max_pad_frac: float = 0.05, max_tokens: int = 8192) -> list[list[int]]:
+    """Split prompts into prefill forwards by length so that padding stays small.
+
+    Indices are sorted by length and cut into consecutive runs; a run grows while its
+    padded slots (``len(run) * longest - sum``) stay <= ``max_pad_frac`` of its real tokens
+    and its padded size <= ``max_tokens`` (bounds activation memory). Returns index lists
+    (into ``lengths``) covering every index once.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    groups: list[list[int]] = []
+    run: list[int] = []
+    total = 0
+    for i in order:
+        length = lengths[i]
+        cand_total = total + length
+        padded = (len(run) + 1) * length  # sorted: this prompt is the run's longest
+        if run and (padded - cand_total > max_pad_frac * cand_total or padded > max_tokens):
+            groups.append(run)
+            run, cand_total = [], length
+        run.append(i)
+        total = cand_total
+    if run:
+        groups.append(run)
+    return groups
+
+
 class DecodeBatch:
     """A continuous decoding batch: rows join between steps and leave when done.
 
-    Each row is one request, identified by an opaque ``key``. :meth:`admit`
-    prefills new rows (left-padded among themselves) and merges their KV cache
-    into the running one, left-padding the shorter cache (masked out; positions
-    are explicit per row, so rotary embeddings stay exact). :meth:`step` samples
-    one token for every live row, returns the rows that finished (EOS or
-    ``max_tokens``) and drops them from the batch and cache.
+    Each row is one request, identified by an opaque ``key``. :meth:`admit` prefills new
+    rows in length groups (:func:`prefill_groups`: padding <= 5 % of real tokens) and writes
+    their keys/values into the batch's :class:`~.slot_cache.SlotCache` without touching the
+    running rows; positions are explicit per row, so rotary embeddings stay exact.
+    :meth:`step` samples one token for every live row, returns the rows that finished (EOS
+    or ``max_tokens``) and drops them from the batch and cache.
 
-    Joining a running batch needs plain ``DynamicLayer`` caches (full attention);
-    for other cache layouts :attr:`can_join` is False and new rows must wait
-    until the batch is empty.
+    Needs a model whose layers all use full attention (plain ``DynamicLayer`` caches);
+    others (sliding-window, linear attention) are refused with ``NotImplementedError``.
+    Repetition-penalty bookkeeping (an ``[n, V]`` seen-matrix) exists only while a live row
+    uses a penalty; log-probs are computed only for rows that asked for them.
 
     Not thread-safe: one owner drives it, holding the sampler model's lock.
     """
+
+    #: rows are always allowed to join (kept for callers written against the padded cache)
+    can_join = True
 
     def __init__(
         self,
@@ -197,22 +248,33 @@ class DecodeBatch:
         pad_token_id: int,
         generator: Optional[torch.Generator] = None,
     ) -> None:
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+
+        probe = DynamicCache(config=model.config)
+        if any(type(layer) is not DynamicLayer for layer in probe.layers):
+            raise NotImplementedError(
+                "the local sampler supports full-attention models only (this model has sliding-window or "
+                "linear-attention layers)"
+            )
         self.model = model
         self.device = next(model.parameters()).device
         self.vocab = int(model.get_output_embeddings().weight.shape[0])
+        self.num_layers = int(model.config.num_hidden_layers)
         self.eos = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.long, device=self.device)
         self.pad_token_id = int(pad_token_id)
         self.generator = generator
         self._cache_kw = _cache_kwarg(model)
         self.keys: list[Any] = []
-        self.cache: Any = None
+        self.prefill_tokens = 0  # real prompt tokens prefilled (for the padded-slot statistic)
+        self.prefill_slots = 0  # slots the prefill forwards computed (real + padding)
         self._reset_rows()
 
     def _reset_rows(self) -> None:
         dev = self.device
         self.keys = []
-        self.cache = None
-        self.attn = torch.zeros((0, 0), dtype=torch.long, device=dev)  # [n, cache length]
+        self.prompts: list[tuple[int, ...]] = []
+        self.cache = SlotCache(self.num_layers)
         self.next_pos = torch.zeros(0, dtype=torch.long, device=dev)
         self.logits = torch.zeros((0, self.vocab), device=dev)  # next-token logits of live rows
         self.temperature = torch.zeros(0, device=dev)
@@ -221,7 +283,7 @@ class DecodeBatch:
         self.penalty = torch.zeros(0, device=dev)
         self.max_tokens = torch.zeros(0, dtype=torch.long, device=dev)
         self.want_logprobs = torch.zeros(0, dtype=torch.bool, device=dev)
-        self.seen = torch.zeros((0, self.vocab), dtype=torch.bool, device=dev)
+        self.seen: Optional[torch.Tensor] = None  # [n, V] bool, only while some row has a penalty
         self.count = torch.zeros(0, dtype=torch.long, device=dev)
         self.out_tokens = torch.zeros((0, 0), dtype=torch.long, device=dev)
         self.out_logps = torch.zeros((0, 0), device=dev)
@@ -230,53 +292,57 @@ class DecodeBatch:
     def __len__(self) -> int:
         return len(self.keys)
 
-    @property
-    def can_join(self) -> bool:
-        """True when new rows may join now (empty batch, or a plain full-attention KV cache)."""
-        from transformers.cache_utils import DynamicLayer
-
-        return self.cache is None or all(type(layer) is DynamicLayer for layer in self.cache.layers)
-
     @torch.no_grad()
-    def admit(self, items: Sequence[tuple[Any, SampleRequest]]) -> list[tuple[Any, SampleResult]]:
-        """Prefill ``(key, request)`` pairs and add them to the batch.
-
-        Returns the requests that are already complete (``max_tokens == 0``).
-        Raises ``RuntimeError`` if :attr:`can_join` is False.
-        """
+    def _prefill(self, prompts: Sequence[tuple[int, ...]]) -> torch.Tensor:
+        """Prefill ``prompts`` (one length group), write their KV rows; returns ``[m, V]`` float logits."""
         from transformers import DynamicCache
 
-        done = [(k, SampleResult([], [] if r.params.logprobs else None)) for k, r in items if r.params.max_tokens <= 0]
-        items = [(k, r) for k, r in items if r.params.max_tokens > 0]
-        if not items:
-            return done
-        if not self.can_join:
-            raise RuntimeError("this model's KV cache layout does not let rows join a running batch")
-        dev, reqs = self.device, [r for _, r in items]
-        m = len(reqs)
-        lens = torch.tensor([len(r.prompt_ids) for r in reqs], device=dev)
+        dev = self.device
+        m = len(prompts)
+        lens = torch.tensor([len(p) for p in prompts], device=dev)
         width = int(lens.max())
         ids = torch.full((m, width), self.pad_token_id, dtype=torch.long, device=dev)
         mask = torch.arange(width, device=dev)[None, :] >= (width - lens)[:, None]
-        ids[mask] = torch.tensor([t for r in reqs for t in r.prompt_ids], dtype=torch.long, device=dev)
+        ids[mask] = torch.tensor([t for p in prompts for t in p], dtype=torch.long, device=dev)
         positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
+        cache = DynamicCache(config=self.model.config)
         logits = self.model(
             input_ids=ids, attention_mask=mask.long(), position_ids=positions, use_cache=True, logits_to_keep=1,
             **{self._cache_kw: cache},
         ).logits[:, -1, :].float()
-        seen = torch.zeros((m, self.vocab), dtype=torch.bool, device=dev)
-        seen[mask.nonzero()[:, 0], ids[mask]] = True
+        self.cache.write_rows([(layer.keys, layer.values) for layer in cache.layers], lens)
+        self.prefill_tokens += int(lens.sum())
+        self.prefill_slots += m * width
+        return logits
+
+    @torch.no_grad()
+    def admit(self, items: Sequence[tuple[Any, SampleRequest]]) -> list[tuple[Any, SampleResult]]:
+        """Prefill ``(key, request)`` pairs and add them to the batch (running rows are not touched).
+
+        Returns the requests that are already complete (``max_tokens == 0``).
+        """
+        done = [(k, SampleResult([], [] if r.params.logprobs else None)) for k, r in items if r.params.max_tokens <= 0]
+        items = [(k, r) for k, r in items if r.params.max_tokens > 0]
+        if not items:
+            return done
+        for group in prefill_groups([len(r.prompt_ids) for _, r in items]):
+            self._add_rows([items[i] for i in group])
+        return done
+
+    def _add_rows(self, items: Sequence[tuple[Any, SampleRequest]]) -> None:
+        dev, reqs = self.device, [r for _, r in items]
+        m = len(reqs)
+        logits = self._prefill([r.prompt_ids for r in reqs])
 
         def col(values, dtype=torch.float32):
             return torch.tensor(values, dtype=dtype, device=dev)
 
-        self._merge_cache(cache, mask.long())
         self.keys += [k for k, _ in items]
+        self.prompts += [r.prompt_ids for r in reqs]
         self.row_generators += [
             None if r.params.seed is None else torch.Generator(device=dev).manual_seed(r.params.seed) for r in reqs
         ]
-        self.next_pos = torch.cat([self.next_pos, positions[:, -1] + 1])
+        self.next_pos = torch.cat([self.next_pos, col([len(r.prompt_ids) for r in reqs], torch.long)])
         self.logits = torch.cat([self.logits, logits])
         self.temperature = torch.cat([self.temperature, col([r.params.temperature for r in reqs])])
         self.top_k = torch.cat([self.top_k, col([r.params.top_k for r in reqs], torch.long)])
@@ -284,35 +350,23 @@ class DecodeBatch:
         self.penalty = torch.cat([self.penalty, col([r.params.repetition_penalty for r in reqs])])
         self.max_tokens = torch.cat([self.max_tokens, col([r.params.max_tokens for r in reqs], torch.long)])
         self.want_logprobs = torch.cat([self.want_logprobs, col([r.params.logprobs for r in reqs], torch.bool)])
-        self.seen = torch.cat([self.seen, seen])
         self.count = torch.cat([self.count, torch.zeros(m, dtype=torch.long, device=dev)])
         steps = max(self.out_tokens.shape[1], int(self.max_tokens.max()))
         self.out_tokens = torch.cat([_pad_cols(self.out_tokens, steps, -1), torch.full((m, steps), -1, device=dev)])
         self.out_logps = torch.cat([_pad_cols(self.out_logps, steps, 0.0), torch.zeros((m, steps), device=dev)])
-        return done
+        if self.seen is not None:
+            self.seen = torch.cat([self.seen, self._seen_rows(range(len(self.keys) - m, len(self.keys)))])
+        elif bool((self.penalty != 1.0).any()):
+            self.seen = self._seen_rows(range(len(self.keys)))
 
-    def _merge_cache(self, new_cache: Any, new_attn: torch.Tensor) -> None:
-        from transformers import DynamicCache
-
-        if self.cache is None:
-            self.cache, self.attn = new_cache, new_attn
-            return
-        width = max(self.attn.shape[1], new_attn.shape[1])
-
-        def left_pad(t: torch.Tensor, dim: int) -> torch.Tensor:
-            missing = width - t.shape[dim]
-            if missing == 0:
-                return t
-            shape = list(t.shape)
-            shape[dim] = missing
-            return torch.cat([t.new_zeros(shape), t], dim=dim)
-
-        layers = [
-            (torch.cat([left_pad(a.keys, 2), left_pad(b.keys, 2)]), torch.cat([left_pad(a.values, 2), left_pad(b.values, 2)]))
-            for a, b in zip(self.cache.layers, new_cache.layers)
-        ]
-        self.cache = DynamicCache(ddp_cache_data=layers)
-        self.attn = torch.cat([left_pad(self.attn, 1), left_pad(new_attn, 1)])
+    def _seen_rows(self, rows: Sequence[int]) -> torch.Tensor:
+        """``[len(rows), V]`` bool: tokens in each row's prompt or output so far."""
+        seen = torch.zeros((len(rows), self.vocab), dtype=torch.bool, device=self.device)
+        for j, i in enumerate(rows):
+            seen[j, torch.tensor(self.prompts[i], dtype=torch.long, device=self.device)] = True
+            out = self.out_tokens[i, : int(self.count[i])]
+            seen[j, out] = True
+        return seen
 
     @torch.no_grad()
     def step(self) -> list[tuple[Any, SampleResult]]:
@@ -322,16 +376,18 @@ class DecodeBatch:
         n = len(self.keys)
         rows = torch.arange(n, device=self.device)
         logits = self.logits
-        if bool((self.penalty != 1.0).any()):
+        if self.seen is not None:
             p = self.penalty[:, None]
             logits = torch.where(self.seen, torch.where(logits > 0, logits / p, logits * p), logits)
         tokens, logps = process_logits(
-            logits, self.temperature, self.top_k, self.top_p, self.generator, row_generators=self.row_generators
+            logits, self.temperature, self.top_k, self.top_p, self.generator, row_generators=self.row_generators,
+            want_logprobs=self.want_logprobs,
         )
         self.out_tokens[rows, self.count] = tokens
         self.out_logps[rows, self.count] = logps
         self.count += 1
-        self.seen[rows, tokens] = True
+        if self.seen is not None:
+            self.seen[rows, tokens] = True
         finished = torch.isin(tokens, self.eos) | (self.count >= self.max_tokens)
 
         results: list[tuple[Any, SampleResult]] = []
@@ -347,20 +403,24 @@ class DecodeBatch:
             if bool(finished.all()):
                 self._reset_rows()
                 return results
-            keep = (~finished).nonzero().squeeze(-1)
-            self.cache.batch_select_indices(keep)
-            self.keys = [self.keys[i] for i in keep.tolist()]
-            self.row_generators = [self.row_generators[i] for i in keep.tolist()]
-            for name in ("attn", "next_pos", "temperature", "top_k", "top_p", "penalty", "max_tokens",
-                         "want_logprobs", "seen", "count", "out_tokens", "out_logps"):
-                setattr(self, name, getattr(self, name)[keep])
-            tokens = tokens[keep]
+            perm = self.cache.keep((~finished).nonzero().squeeze(-1))
+            order = perm.tolist()
+            self.keys = [self.keys[i] for i in order]
+            self.prompts = [self.prompts[i] for i in order]
+            self.row_generators = [self.row_generators[i] for i in order]
+            for name in ("next_pos", "temperature", "top_k", "top_p", "penalty", "max_tokens",
+                         "want_logprobs", "count", "out_tokens", "out_logps"):
+                setattr(self, name, getattr(self, name)[perm])
+            if self.seen is not None:
+                self.seen = self.seen[perm] if bool((self.penalty != 1.0).any()) else None
+            tokens = tokens[perm]
 
-        self.attn = torch.cat([self.attn, torch.ones_like(self.attn[:, :1])], dim=1)
+        attn = self.cache.begin_step()
         self.logits = self.model(
-            input_ids=tokens[:, None], attention_mask=self.attn, position_ids=self.next_pos[:, None], use_cache=True,
+            input_ids=tokens[:, None], attention_mask=attn, position_ids=self.next_pos[:, None], use_cache=True,
             **{self._cache_kw: self.cache},
         ).logits[:, -1, :].float()
+        self.cache.end_step()
         self.next_pos = self.next_pos + 1
         return results
 
@@ -381,8 +441,8 @@ def sample_batch(
 ) -> list[SampleResult]:
     """Decode ``requests`` together (one :class:`DecodeBatch`); results in request order.
 
-    Cost: one prefill over ``[n, max prompt]`` then one forward of the live rows
-    per generated token; finished rows are removed from the batch and cache.
+    Cost: prefill forwards over length groups (padding <= 5 % of prompt tokens), then one
+    forward of the live rows per generated token; finished rows leave the batch and cache.
     """
     batch = DecodeBatch(model, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, generator=generator)
     results: dict[int, SampleResult] = dict(batch.admit(list(enumerate(requests))))
