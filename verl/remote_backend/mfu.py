@@ -69,8 +69,6 @@ def compute_mfu(
     return mfu / 3.0 if forward_only else mfu
 
 
-
-
 def model_tflops(flops_counter: Any, seqlens: Sequence[int]) -> float:
     """Forward+backward TFLOPs of one pass over sequences of lengths ``seqlens`` (tokens).
 
