@@ -78,7 +78,6 @@ def run(models: Sequence[str], *, repeats: int = 5) -> list[Result]:
                 },
                 repeats=repeats,
             )
-            del src, dst
         finally:
             asyncio.run(backend.destroy())
         gbytes = params * 4 / 1e9

@@ -43,10 +43,10 @@ def build_model(out_dir: Path) -> str:
     return build_tiny_model(str(out_dir))
 
 
-def load_prepare_module():
-    """``examples/gsm8k_remote/prepare_gsm8k.py`` as a module (examples/ is not a package)."""
-    path = REPO_ROOT / "examples" / "gsm8k_remote" / "prepare_gsm8k.py"
-    spec = importlib.util.spec_from_file_location("prepare_gsm8k", path)
+def load_example(name: str):
+    """``examples/gsm8k_remote/<name>.py`` as a module (examples/ is not a package)."""
+    path = REPO_ROOT / "examples" / "gsm8k_remote" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -56,7 +56,7 @@ def build_gsm8k(
     out_dir: Path, *, max_train: int = 32, max_test: int = 8, max_question_chars: int = 160
 ) -> tuple[str, str]:
     """A short-question gsm8k subset in verl's parquet layout; returns (train, test) paths."""
-    prepare = load_prepare_module()
+    prepare = load_example("prepare_gsm8k")
     rc = prepare.main(
         [
             "--input-dir",
@@ -213,23 +213,15 @@ class RunResult:
     def console_step(self, n: int) -> dict[str, float]:
         """Step ``n``'s metrics as verl's ``console`` logger printed them (``step:N - key:value - ...``),
         for runs whose ``trainer.logger`` has no ``file`` logger."""
+        step_metrics = load_example("console_filter").step_metrics
         for line in self.output.splitlines():
-            _, marker, rest = line.partition(f"step:{n} - ")
-            if marker:
-                pairs = (item.rsplit(":", 1) for item in rest.split(" - ") if ":" in item)
-                return {key.strip(): float(value) for key, value in pairs if _is_number(value)}
+            parsed = step_metrics(line)
+            if parsed and parsed[0] == n:
+                return parsed[1]
         raise AssertionError(f"verl printed no metrics line for step {n}")
 
     def tail(self, chars: int = 6000) -> str:
         return self.output[-chars:]
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-        return True
-    except ValueError:
-        return False
 
 
 def _tree(pid: int) -> list:

@@ -31,6 +31,49 @@ def engine(tiny_model_dir):
     return LocalEngine(engine_settings(tiny_model_dir, need_ref=True))
 
 
+def test_training_forward_projects_only_the_response_slots_and_gives_the_full_forwards_values(tiny_model_dir):
+    """update_actor's forward asks the model for the logits of the response slots only: the
+    slots verl reads back, values and gradients equal to the all-slot forward there."""
+    from transformers import AutoModelForCausalLM
+
+    from verl.workers.remote_client.local.forward import packed_forward, response_slots
+
+    prompts, responses = random_rollouts(6, seed=3, prompt_len=(2, 12), response_len=(1, 9))
+    td = to_no_padding(dense_rollout_batch(prompts, responses))
+    expected, start = [], 0  # slot of log p(response token j) = row start + prompt length + j - 1
+    for p, r in zip(prompts, responses):
+        expected += [start + len(p) + j - 1 for j in range(len(r))]
+        start += len(p) + len(r)
+    slots = response_slots(td)
+    assert slots.nonzero().squeeze(-1).tolist() == expected
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    projected = []
+    hook = model.get_output_embeddings().register_forward_hook(lambda m, i, o: projected.append(i[0].shape[:-1]))
+    weights = torch.randn(slots.numel(), generator=torch.Generator().manual_seed(0))
+
+    def run(**kw):
+        model.zero_grad(set_to_none=True)
+        out = packed_forward(model, td["input_ids"], td["position_ids"], temperature=0.7, calculate_entropy=True, **kw)
+        (out["log_probs"] * weights).sum().backward()
+        return out, [p.grad.clone() for p in model.parameters()]
+
+    full, full_grads = run()
+    part, part_grads = run(slots=slots)
+    hook.remove()
+    assert projected[1].numel() == len(expected) < projected[0].numel()
+    for key in ("log_probs", "entropy"):
+        torch.testing.assert_close(part[key][slots], full[key][slots], atol=1e-6, rtol=0)
+        assert not part[key][~slots].any()
+    grad_weights = weights * slots  # the full forward's gradient restricted to the same slots
+    model.zero_grad(set_to_none=True)
+    out = packed_forward(model, td["input_ids"], td["position_ids"], temperature=0.7)
+    (out["log_probs"] * grad_weights).sum().backward()
+    for got, want in zip(part_grads, [p.grad for p in model.parameters()]):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+    assert any((a - b).abs().max() > 1e-4 for a, b in zip(full_grads, part_grads))  # other slots do count in full
+
+
 @pytest.fixture(scope="module")
 def dist_group():
     """verl's legacy actor asks torch.distributed for its rank: a 1-process gloo group."""

@@ -3,7 +3,6 @@ the end-of-run summary (samples, plot, Hugging Face export) - piece by piece, th
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,15 +11,9 @@ import sys
 import pytest
 
 from remote_e2e import REPO_ROOT
+from remote_e2e import load_example as load
 
 EXAMPLE = REPO_ROOT / "examples" / "gsm8k_remote"
-
-
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(name, EXAMPLE / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # ---------------------------------------------------------------- reward

@@ -10,9 +10,9 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 
-from remote_e2e import GSM8K_DIR, REPO_ROOT, load_prepare_module
+from remote_e2e import GSM8K_DIR, REPO_ROOT, load_example
 
-prepare = load_prepare_module()
+prepare = load_example("prepare_gsm8k")
 SCRIPT = REPO_ROOT / "examples" / "gsm8k_remote" / "prepare_gsm8k.py"
 
 

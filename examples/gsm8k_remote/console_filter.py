@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import signal
 import sys
+from typing import Optional
 
 STEP = re.compile(r"step:(\d+) - (.*)")
 SHOWN = {
@@ -25,10 +26,27 @@ FAILURE = ("run failed", "Traceback (most recent call last)", "Error executing j
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def short_step_line(match: re.Match) -> str:
-    values = dict(item.rsplit(":", 1) for item in match.group(2).split(" - ") if ":" in item)
-    parts = [f"{label}={float(values[key]):.4g}" for key, label in SHOWN.items() if key in values]
-    return f"[gsm8k-local] step {match.group(1)}: " + " ".join(parts)
+def step_metrics(line: str) -> Optional[tuple[int, dict[str, float]]]:
+    """``(step, {name: value})`` of verl's console metrics line ``step:N - name:value - ...``
+    (numeric values only), or None for any other line."""
+    match = STEP.search(ANSI.sub("", line))
+    if not match:
+        return None
+    values = {}
+    for item in match.group(2).split(" - "):
+        name, colon, text = item.rpartition(":")
+        if not colon:
+            continue
+        try:
+            values[name.strip()] = float(text)
+        except ValueError:
+            continue
+    return int(match.group(1)), values
+
+
+def short_step_line(step: int, values: dict[str, float]) -> str:
+    parts = [f"{label}={values[key]:.4g}" for key, label in SHOWN.items() if key in values]
+    return f"[gsm8k-local] step {step}: " + " ".join(parts)
 
 
 def main(log_path: str) -> int:
@@ -45,9 +63,9 @@ def main(log_path: str) -> int:
             if failing:
                 print(line, flush=True)
                 continue
-            step = STEP.search(line)
+            step = step_metrics(line)
             if step:
-                print(short_step_line(step), flush=True)
+                print(short_step_line(*step), flush=True)
             elif "[remote_backend]" in line or line.startswith("[gsm8k-local]"):
                 print(line[line.find("["):] if "[remote_backend]" in line else line, flush=True)
     return 0

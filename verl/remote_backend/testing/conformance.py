@@ -31,6 +31,7 @@ from verl.remote_backend.base import (
 from verl.remote_backend.output_checks import check_log_prob_output
 from verl.remote_backend.registry import RemoteBackendRegistry
 from verl.remote_backend.errors import BackendClosedError
+from verl.remote_backend.metrics import metric_scalar
 from verl.remote_backend.reliability import is_retryable
 from verl.remote_backend.results import GenerateResult, LogProbResult, UpdateResult
 from verl.remote_backend.testing.batches import dense_rollout_batch, to_no_padding
@@ -583,7 +584,7 @@ class _Kit:
         gaps = {
             "log-probs after load": _max_diff(restored, saved),
             "log-probs after the next update": _max_diff(after_second, after_first),
-            "grad_norm of the next update": abs(_mean(second.metrics["grad_norm"]) - _mean(first.metrics["grad_norm"])),
+            "grad_norm of the next update": abs(metric_scalar(second.metrics["grad_norm"]) - metric_scalar(first.metrics["grad_norm"])),
         }
         tol = max(self.opt.batch_tolerance, 1e-5)
         bad = {k: v for k, v in gaps.items() if v > tol * (1 if "grad_norm" not in k else 100)}
@@ -739,11 +740,6 @@ def _floats(value: Any) -> list[float]:
         return [f for v in value for f in _floats(v)]
     aggregate = getattr(value, "aggregate", None)
     return [float(aggregate())] if callable(aggregate) else [float(value)]
-
-
-def _mean(value: Any) -> float:
-    values = _floats(value)
-    return sum(values) / len(values)
 
 
 def _pad_rows(rows: Sequence[torch.Tensor], width: int) -> torch.Tensor:

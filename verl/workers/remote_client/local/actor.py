@@ -122,7 +122,7 @@ class EngineActor:
             if not len(self._batch) and cfg.batch_wait_ms > 0:
                 await self._gather_burst(cfg.batch_wait_ms / 1000.0, cfg.max_batch_size)
             admit: list = []
-            if not self._admission_paused and self._batch.can_join:
+            if not self._admission_paused:
                 room = cfg.max_batch_size - len(self._batch)
                 admit, self._pending = self._pending[:room], self._pending[room:]
             self._step_in_flight = True

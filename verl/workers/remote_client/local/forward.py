@@ -8,6 +8,8 @@ no Ray, no optimizer.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 from typing import Optional, Union
 
 import torch
@@ -15,7 +17,7 @@ from tensordict import TensorDict
 
 from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 
-__all__ = ["packed_forward", "row_slices", "jagged_rows", "get_input_tensors", "DTYPE_BY_NAME"]
+__all__ = ["packed_forward", "response_slots", "row_slices", "jagged_rows", "get_input_tensors", "DTYPE_BY_NAME"]
 
 DTYPE_BY_NAME = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -30,6 +32,7 @@ def packed_forward(
     entropy_requires_grad: bool = True,
     pad_token_id: int = 0,
     autocast_dtype: Optional[torch.dtype] = None,
+    slots: Optional[torch.Tensor] = None,
 ) -> dict[str, torch.Tensor]:
     """Run ``model`` on the rows of ``input_ids`` and return packed per-token outputs.
 
@@ -49,6 +52,10 @@ def packed_forward(
             ``no_grad`` (a metric only), saving the autograd graph.
         pad_token_id: id written into padding slots (never attended to).
         autocast_dtype: run the model under ``torch.autocast`` with this dtype.
+        slots: optional bool ``[T]``: only these slots are computed (the others are 0). The
+            model then projects only their hidden states onto the vocabulary (its own
+            ``logits_to_keep`` mask), which is most of the saving when prompts are long:
+            the ``[T, V]`` logits and their backward shrink to ``[sum(slots), V]``.
 
     Returns:
         ``{"log_probs": float32 [T], "entropy": float32 [T] (when asked)}``, ``T = sum(L_i)``,
@@ -71,32 +78,76 @@ def packed_forward(
             raise NotImplementedError("the local backend supports 1-D position ids per row (text models) only")
         pos = torch.nested.to_padded_tensor(position_ids, 0, output_size=(batch, max_len)).to(device)
 
+    kept = None
+    if slots is not None and _takes_logits_mask(type(model)):
+        kept = torch.zeros(batch, max_len, dtype=torch.bool, device=device)
+        kept[valid] = slots.to(device)
     ctx = (
         torch.autocast(device_type=device.type, dtype=autocast_dtype)
         if autocast_dtype is not None
         else contextlib.nullcontext()
     )
     with ctx:
-        logits = model(input_ids=ids, attention_mask=valid.long(), position_ids=pos, use_cache=False).logits
-    logits = logits[valid].float()  # [T, V], row-major = input_ids.values() order
+        if kept is None:
+            logits = model(input_ids=ids, attention_mask=valid.long(), position_ids=pos, use_cache=False).logits
+            logits = logits[valid]  # [T, V], row-major = input_ids.values() order
+        else:  # [K, V] for the kept slots, same order
+            logits = model(input_ids=ids, attention_mask=valid.long(), position_ids=pos, use_cache=False,
+                           logits_to_keep=kept).logits
+    logits = logits.float()
 
+    total = int(offsets[-1])
+    where = (
+        torch.ones(total, dtype=torch.bool, device=device) if kept is None
+        else slots.to(device=device, dtype=torch.bool)
+    )
     temp = torch.as_tensor(temperature, dtype=torch.float32, device=device)
     if temp.dim() == 0:
         logits = logits / temp.clamp(min=1e-8)
     else:
-        logits = logits / temp.clamp(min=1e-8).repeat_interleave(lengths.to(device))[:, None]
+        logits = logits / temp.clamp(min=1e-8).repeat_interleave(lengths.to(device))[where][:, None]
 
-    labels = torch.roll(input_ids.values().to(device), shifts=-1, dims=0)
-    is_last = torch.zeros(labels.shape[0], dtype=torch.bool, device=device)
+    labels = torch.roll(input_ids.values().to(device), shifts=-1, dims=0)[where]
+    is_last = torch.zeros(total, dtype=torch.bool, device=device)
     is_last[(offsets[1:] - 1).to(device)] = True
+    is_last = is_last[where]
 
-    out = {"log_probs": logprobs_from_logits(logits, labels, inplace_backward=False).masked_fill(is_last, 0.0)}
+    def spread(values: torch.Tensor) -> torch.Tensor:
+        if kept is None:
+            return values
+        return torch.zeros(total, dtype=values.dtype, device=device).masked_scatter(where, values)
+
+    out = {"log_probs": spread(logprobs_from_logits(logits, labels, inplace_backward=False).masked_fill(is_last, 0.0))}
     if calculate_entropy:
         grad_ctx = contextlib.nullcontext() if entropy_requires_grad else torch.no_grad()
         with grad_ctx:
             src = logits if entropy_requires_grad else logits.detach()
-            out["entropy"] = entropy_from_logits(src).masked_fill(is_last, 0.0)
+            out["entropy"] = spread(entropy_from_logits(src).masked_fill(is_last, 0.0))
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def _takes_logits_mask(model_type: type) -> bool:
+    """Whether the model's forward accepts a boolean ``[B, L]`` ``logits_to_keep`` (transformers >= 5)."""
+    import transformers.modeling_utils as hf
+
+    return hasattr(hf, "slice_logits_to_keep") and "logits_to_keep" in inspect.signature(model_type.forward).parameters
+
+
+def response_slots(data: TensorDict) -> torch.Tensor:
+    """Bool ``[T]`` over the packed tokens of ``data``: the slots whose log-prob verl reads back.
+
+    These are the slots ``no_padding_2_padding`` (verl's own slicing, used here) cuts out for
+    the response: ``log p(response token)`` for every response token of every row. ``data``
+    carries the NJT ``input_ids`` and verl's ``prompts``, ``responses`` and ``attention_mask``.
+    """
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    total = int(data["input_ids"].offsets()[-1])
+    picked = no_padding_2_padding(torch.arange(1, total + 1), data)  # 0 = padding
+    slots = torch.zeros(total, dtype=torch.bool)
+    slots[picked[picked > 0] - 1] = True
+    return slots
 
 
 def row_slices(lengths: torch.Tensor, *, micro_batch_size: Optional[int], max_token_len: Optional[int]) -> list[slice]:

@@ -18,7 +18,7 @@ from tensordict import TensorDict
 from verl.utils import tensordict_utils as tu
 from verl.utils.metric import Metric
 
-from .forward import packed_forward
+from .forward import packed_forward, response_slots
 
 __all__ = ["to_actor_config", "forward_backward", "optimizer_step", "train_batch", "merge_metrics"]
 
@@ -123,6 +123,7 @@ def forward_backward(
             entropy_requires_grad=calculate_entropy,
             pad_token_id=pad_token_id,
             autocast_dtype=autocast_dtype,
+            slots=response_slots(micro),  # the loss and the entropy metric read only these
         )
         model_output = {"log_probs": out["log_probs"]}
         if calculate_entropy:

@@ -237,9 +237,6 @@ class DecodeBatch:
     Not thread-safe: one owner drives it, holding the sampler model's lock.
     """
 
-    #: rows are always allowed to join (kept for callers written against the padded cache)
-    can_join = True
-
     def __init__(
         self,
         model: torch.nn.Module,
