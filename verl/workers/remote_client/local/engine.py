@@ -24,7 +24,7 @@ from verl.remote_backend.mfu import measure_matmul_flops
 
 from .checkpoint import CheckpointError, get_rng_state, set_rng_state, verify_checkpoint_dir, write_checkpoint_dir
 from .config import EngineSettings
-from .forward import DTYPE_BY_NAME, get_input_tensors, jagged_rows, packed_forward, row_slices
+from .forward import DTYPE_BY_NAME, get_input_tensors, jagged_rows, packed_forward, row_slices, use_packed_rows
 from .objective import to_actor_config, train_batch
 from .optim import build_optimizer_and_scheduler
 from .sampler import DecodeBatch, SampleRequest, SampleResult, SamplingParams, sample_batch
@@ -115,6 +115,7 @@ class LocalEngine:
             raise ConfigError(
                 f"actor_rollout_ref.model.path={path!r} is not a loadable Hugging Face causal LM: {exc}"
             ) from exc
+        use_packed_rows(model)
         return model.to(self.device)
 
     @staticmethod

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import threading
 from typing import Optional, Union
 
 import torch
@@ -17,7 +18,7 @@ from tensordict import TensorDict
 
 from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 
-__all__ = ["packed_forward", "response_slots", "row_slices", "jagged_rows", "get_input_tensors", "DTYPE_BY_NAME"]
+__all__ = ["packed_forward", "response_slots", "use_packed_rows", "PACKED_ROWS_ATTENTION", "row_slices", "jagged_rows", "get_input_tensors", "DTYPE_BY_NAME"]
 
 DTYPE_BY_NAME = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -36,9 +37,10 @@ def packed_forward(
 ) -> dict[str, torch.Tensor]:
     """Run ``model`` on the rows of ``input_ids`` and return packed per-token outputs.
 
-    Rows are right-padded into one dense ``[B, max L_i]`` batch with an attention
-    mask, so real tokens never attend to padding (causal attention) and the
-    result equals running each row on its own.
+    A model switched by :func:`use_packed_rows` gets the rows as one unpadded ``[1, T]``
+    sequence with per-row causal attention; any other model gets them right-padded into a
+    dense ``[B, max L_i]`` batch with an attention mask. Either way real tokens never attend
+    to padding or to another row, and the result equals running each row on its own.
 
     Args:
         model: causal LM returning ``.logits [B, L, V]``.
@@ -69,38 +71,49 @@ def packed_forward(
     batch, max_len = lengths.numel(), int(lengths.max())
     device = next(model.parameters()).device
 
-    ids = torch.nested.to_padded_tensor(input_ids, pad_token_id, output_size=(batch, max_len)).to(device)
-    valid = torch.arange(max_len, device=device)[None, :] < lengths.to(device)[:, None]
-    if position_ids is None:
-        pos = torch.arange(max_len, device=device).expand(batch, max_len)
-    else:
-        if position_ids.dim() != 2:
-            raise NotImplementedError("the local backend supports 1-D position ids per row (text models) only")
-        pos = torch.nested.to_padded_tensor(position_ids, 0, output_size=(batch, max_len)).to(device)
-
-    kept = None
-    if slots is not None and _takes_logits_mask(type(model)):
-        kept = torch.zeros(batch, max_len, dtype=torch.bool, device=device)
-        kept[valid] = slots.to(device)
+    if position_ids is not None and position_ids.dim() != 2:
+        raise NotImplementedError("the local backend supports 1-D position ids per row (text models) only")
+    packed = getattr(model.config, "_attn_implementation", None) == PACKED_ROWS_ATTENTION
+    kept = slots is not None and _takes_logits_mask(type(model))
+    if packed:  # one [1, T] row, no padding; attention runs row by row (see use_packed_rows)
+        ids = input_ids.values()[None].to(device)
+        if position_ids is None:
+            pos = torch.cat([torch.arange(int(n), device=device) for n in lengths])[None]
+        else:
+            pos = position_ids.values()[None].to(device)
+        keep = slots[None].to(device=device, dtype=torch.bool) if kept else None
+        inputs = {"input_ids": ids, "position_ids": pos}
+    else:  # right-padded [B, max L_i] with an attention mask
+        ids = torch.nested.to_padded_tensor(input_ids, pad_token_id, output_size=(batch, max_len)).to(device)
+        valid = torch.arange(max_len, device=device)[None, :] < lengths.to(device)[:, None]
+        if position_ids is None:
+            pos = torch.arange(max_len, device=device).expand(batch, max_len)
+        else:
+            pos = torch.nested.to_padded_tensor(position_ids, 0, output_size=(batch, max_len)).to(device)
+        keep = None
+        if kept:
+            keep = torch.zeros(batch, max_len, dtype=torch.bool, device=device)
+            keep[valid] = slots.to(device)
+        inputs = {"input_ids": ids, "attention_mask": valid.long(), "position_ids": pos}
+    if keep is not None:
+        inputs["logits_to_keep"] = keep  # the model flattens the kept slots to [K, V], row-major
     ctx = (
         torch.autocast(device_type=device.type, dtype=autocast_dtype)
         if autocast_dtype is not None
         else contextlib.nullcontext()
     )
-    with ctx:
-        if kept is None:
-            logits = model(input_ids=ids, attention_mask=valid.long(), position_ids=pos, use_cache=False).logits
-            logits = logits[valid]  # [T, V], row-major = input_ids.values() order
-        else:  # [K, V] for the kept slots, same order
-            logits = model(input_ids=ids, attention_mask=valid.long(), position_ids=pos, use_cache=False,
-                           logits_to_keep=kept).logits
+    _packed_rows.lengths = lengths.tolist() if packed else None
+    try:
+        with ctx:
+            logits = model(**inputs, use_cache=False).logits
+    finally:
+        _packed_rows.lengths = None
+    if keep is None:  # [T, V] in input_ids.values() order
+        logits = logits[0] if packed else logits[valid]
     logits = logits.float()
 
     total = int(offsets[-1])
-    where = (
-        torch.ones(total, dtype=torch.bool, device=device) if kept is None
-        else slots.to(device=device, dtype=torch.bool)
-    )
+    where = slots.to(device=device, dtype=torch.bool) if kept else torch.ones(total, dtype=torch.bool, device=device)
     temp = torch.as_tensor(temperature, dtype=torch.float32, device=device)
     if temp.dim() == 0:
         logits = logits / temp.clamp(min=1e-8)
@@ -113,7 +126,7 @@ def packed_forward(
     is_last = is_last[where]
 
     def spread(values: torch.Tensor) -> torch.Tensor:
-        if kept is None:
+        if not kept:
             return values
         return torch.zeros(total, dtype=values.dtype, device=device).masked_scatter(where, values)
 
@@ -132,6 +145,51 @@ def _takes_logits_mask(model_type: type) -> bool:
     import transformers.modeling_utils as hf
 
     return hasattr(hf, "slice_logits_to_keep") and "logits_to_keep" in inspect.signature(model_type.forward).parameters
+
+
+PACKED_ROWS_ATTENTION = "packed_rows_sdpa"
+_packed_rows = threading.local()  # per thread: the sampler may share the model and run meanwhile
+
+
+def use_packed_rows(model: torch.nn.Module) -> bool:
+    """Let :func:`packed_forward` run ``model`` on its rows packed into one unpadded sequence.
+
+    Applies to ``sdpa`` models only (returns False otherwise, and they keep the padded path).
+    The model's attention becomes :data:`PACKED_ROWS_ATTENTION`: inside ``packed_forward`` it
+    runs causal SDPA on each row's own slice of the packed sequence (so no token sees another
+    row, and the linear layers see no padding); everywhere else (the sampler, ``generate``)
+    it is transformers' ``sdpa`` unchanged, mask included.
+    """
+    if getattr(model.config, "_attn_implementation", None) != "sdpa":
+        return False
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(PACKED_ROWS_ATTENTION, _packed_rows_attention)
+    AttentionMaskInterface.register(PACKED_ROWS_ATTENTION, _packed_rows_mask)
+    model.set_attn_implementation(PACKED_ROWS_ATTENTION)
+    return True
+
+
+def _packed_rows_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                           attention_mask: Optional[torch.Tensor], **kwargs):
+    """transformers' attention-function signature; ``query`` ``[1, H, T, D]`` when packed."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    lengths = getattr(_packed_rows, "lengths", None)
+    if lengths is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    kwargs.pop("is_causal", None)
+    rows = zip(query.split(lengths, dim=2), key.split(lengths, dim=2), value.split(lengths, dim=2))
+    outs = [sdpa_attention_forward(module, q, k, v, None, is_causal=True, **kwargs)[0] for q, k, v in rows]
+    return torch.cat(outs, dim=1), None  # [1, T, H, D]
+
+
+def _packed_rows_mask(*args, **kwargs):
+    """No mask for a packed call (each row is causal on its own); ``sdpa``'s mask otherwise."""
+    from transformers.masking_utils import sdpa_mask
+
+    return None if getattr(_packed_rows, "lengths", None) is not None else sdpa_mask(*args, **kwargs)
 
 
 def response_slots(data: TensorDict) -> torch.Tensor:
