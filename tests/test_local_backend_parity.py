@@ -95,6 +95,11 @@ def test_packed_rows_run_without_padding_and_match_the_padded_forward(tiny_model
     assert seen == [total] and max(len(p) + len(r) for p, r in zip(prompts, responses)) * len(prompts) > total
     for key in ("log_probs", "entropy"):
         torch.testing.assert_close(got[key], want[key], atol=1e-5, rtol=0)
+    windowed = AutoModelForCausalLM.from_pretrained(
+        tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa", use_sliding_window=True, sliding_window=4
+    )
+    assert not use_packed_rows(windowed)  # per-row causal SDPA would drop the window
+    assert windowed.config._attn_implementation == "sdpa"
 
 
 @pytest.fixture(scope="module")

@@ -154,14 +154,15 @@ _packed_rows = threading.local()  # per thread: the sampler may share the model 
 def use_packed_rows(model: torch.nn.Module) -> bool:
     """Let :func:`packed_forward` run ``model`` on its rows packed into one unpadded sequence.
 
-    Applies to ``sdpa`` models only (returns False otherwise, and they keep the padded path).
+    Applies to ``sdpa`` models whose layers all attend to the full context (returns False
+    otherwise, and they keep the padded path).
     The model's attention becomes :data:`PACKED_ROWS_ATTENTION`: inside ``packed_forward`` it
     runs causal SDPA on each row's own slice of the packed sequence (so no token sees another
     row, and the linear layers see no padding); everywhere else (the sampler, ``generate``)
     it is transformers' ``sdpa`` unchanged, mask included.
     """
-    if getattr(model.config, "_attn_implementation", None) != "sdpa":
-        return False
+    if getattr(model.config, "_attn_implementation", None) != "sdpa" or _has_sliding_window(model.config):
+        return False  # plain causal SDPA per row would ignore a sliding window
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
@@ -169,6 +170,12 @@ def use_packed_rows(model: torch.nn.Module) -> bool:
     AttentionMaskInterface.register(PACKED_ROWS_ATTENTION, _packed_rows_mask)
     model.set_attn_implementation(PACKED_ROWS_ATTENTION)
     return True
+
+
+def _has_sliding_window(config: object) -> bool:
+    if any("sliding" in str(kind) for kind in getattr(config, "layer_types", None) or ()):
+        return True
+    return getattr(config, "sliding_window", None) is not None and bool(getattr(config, "use_sliding_window", True))
 
 
 def _packed_rows_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
