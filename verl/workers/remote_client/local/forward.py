@@ -18,7 +18,16 @@ from tensordict import TensorDict
 
 from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 
-__all__ = ["packed_forward", "response_slots", "use_packed_rows", "PACKED_ROWS_ATTENTION", "row_slices", "jagged_rows", "get_input_tensors", "DTYPE_BY_NAME"]
+__all__ = [
+    "packed_forward",
+    "response_slots",
+    "use_packed_rows",
+    "PACKED_ROWS_ATTENTION",
+    "row_slices",
+    "jagged_rows",
+    "get_input_tensors",
+    "DTYPE_BY_NAME",
+]
 
 DTYPE_BY_NAME = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -81,7 +90,7 @@ def packed_forward(
             pos = torch.cat([torch.arange(int(n), device=device) for n in lengths])[None]
         else:
             pos = position_ids.values()[None].to(device)
-        keep = slots[None].to(device=device, dtype=torch.bool) if kept else None
+        keep = slots.to(device=device, dtype=torch.bool)[None] if kept else None
         inputs = {"input_ids": ids, "position_ids": pos}
     else:  # right-padded [B, max L_i] with an attention mask
         ids = torch.nested.to_padded_tensor(input_ids, pad_token_id, output_size=(batch, max_len)).to(device)
@@ -113,22 +122,26 @@ def packed_forward(
     logits = logits.float()
 
     total = int(offsets[-1])
-    where = slots.to(device=device, dtype=torch.bool) if kept else torch.ones(total, dtype=torch.bool, device=device)
+    where = slots.to(device=device, dtype=torch.bool) if kept else None
+
+    def pick(values: torch.Tensor) -> torch.Tensor:  # [T] -> the computed slots
+        return values if where is None else values[where]
+
+    def spread(values: torch.Tensor) -> torch.Tensor:  # the computed slots -> [T], 0 elsewhere
+        return values if where is None else torch.zeros(total, dtype=values.dtype, device=device).masked_scatter(
+            where, values
+        )
+
     temp = torch.as_tensor(temperature, dtype=torch.float32, device=device)
     if temp.dim() == 0:
         logits = logits / temp.clamp(min=1e-8)
     else:
-        logits = logits / temp.clamp(min=1e-8).repeat_interleave(lengths.to(device))[where][:, None]
+        logits = logits / pick(temp.clamp(min=1e-8).repeat_interleave(lengths.to(device)))[:, None]
 
-    labels = torch.roll(input_ids.values().to(device), shifts=-1, dims=0)[where]
+    labels = pick(torch.roll(input_ids.values().to(device), shifts=-1, dims=0))
     is_last = torch.zeros(total, dtype=torch.bool, device=device)
     is_last[(offsets[1:] - 1).to(device)] = True
-    is_last = is_last[where]
-
-    def spread(values: torch.Tensor) -> torch.Tensor:
-        if not kept:
-            return values
-        return torch.zeros(total, dtype=values.dtype, device=device).masked_scatter(where, values)
+    is_last = pick(is_last)
 
     out = {"log_probs": spread(logprobs_from_logits(logits, labels, inplace_backward=False).masked_fill(is_last, 0.0))}
     if calculate_entropy:
