@@ -38,6 +38,9 @@ if __package__ in (None, ""):  # run as a script: import the package by path (an
     os.environ["PYTHONPATH"] = os.pathsep.join([_TESTS, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
 
 OCTET = "application/octet-stream"
+# DeepSpeed picks its accelerator on first use: the CPU one, here and in every Ray worker of the server.
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+_WORKER_ENV = ("PYTHONPATH", "DS_ACCELERATOR", "ARCTIC_STANDIN_DTYPE", "ARCTIC_STANDIN_THREADS")
 
 
 def _gpu_counts(argv: list[str]) -> int:
@@ -59,7 +62,7 @@ def _local_ray(logical_gpus: int):
                 num_gpus=max(1, logical_gpus),
                 include_dashboard=False,
                 log_to_driver=True,
-                runtime_env={"env_vars": {"PYTHONPATH": os.environ.get("PYTHONPATH", "")}},
+                runtime_env={"env_vars": {k: os.environ[k] for k in _WORKER_ENV if k in os.environ}},
             )
 
     return init_ray_cluster

@@ -89,14 +89,27 @@ def build_tiny_model(
 ) -> str:
     """Write a randomly initialised causal LM + tokenizer to ``out_dir``.
 
-    ``architecture``: ``"qwen2"`` (what the local engine and Arctic's tests use) or ``"llama"``
-    (for servers that load Llama but not Qwen2, e.g. skyrl's JAX Tinker backend). Deterministic
+    ``architecture``: ``"qwen2"`` (what the local engine and Arctic's tests use), ``"qwen3"`` (for Arctic's
+    ZoRRo Train, which supports Qwen3 families only) or ``"llama"`` (for servers that load Llama but not
+    Qwen2, e.g. skyrl's JAX Tinker backend). Deterministic
     for a given ``seed`` and sizes. Returns ``out_dir``.
     """
     import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        GenerationConfig,
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
 
-    classes = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}
+    classes = {
+        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+        "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+        "llama": (LlamaConfig, LlamaForCausalLM),
+    }
     if architecture not in classes:
         raise ValueError(f"architecture={architecture!r}: expected one of {sorted(classes)}")
     config_cls, model_cls = classes[architecture]
@@ -115,6 +128,8 @@ def build_tiny_model(
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         torch_dtype="float32",
+        # Qwen3's default head_dim is 128 whatever the width; the others derive it from hidden / heads
+        **({"head_dim": hidden_size // num_heads} if architecture == "qwen3" else {}),
     )
     torch.manual_seed(seed)
     model = model_cls(config)
@@ -134,7 +149,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--kv-heads", type=int, default=2)
     parser.add_argument("--vocab", type=int, default=512)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--architecture", choices=["qwen2", "llama"], default="qwen2")
+    parser.add_argument("--architecture", choices=["qwen2", "qwen3", "llama"], default="qwen2")
     args = parser.parse_args(argv)
     build_tiny_model(
         args.out_dir,

@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Optional
 
 import arctic_platform.client as arctic_client  # noqa: F401  (fails early with the registry's install hint)
+import torch
 
 from verl.remote_backend.base import RemoteBackend
 from verl.remote_backend.results import BackendDevice, GenerateResult, LogProbResult, UpdateResult
@@ -29,6 +30,7 @@ from verl.workers.remote_client.arctic.derive import (
     check_loss_compatibility,
     derive_ds_config,
     derive_vllm_config,
+    log_prob_rows_per_request,
     optimizer_steps_per_global_step,
     resolved_log_prob_gpus,
 )
@@ -38,6 +40,7 @@ from verl.workers.remote_client.arctic.launcher import ServerProcess, launch_ser
 from verl.workers.remote_client.arctic.metrics import aggregate_update_metrics, map_step_metrics, reduce_metric
 from verl.workers.remote_client.arctic.payload import dense_to_packed, token_aligned_to_predict_next
 from verl.workers.remote_client.arctic.responses import require, require_tensor
+from verl.workers.remote_client.arctic.server_checks import server_problems
 from verl.workers.remote_client.arctic.server_http import probe_health, translate_error
 
 if TYPE_CHECKING:
@@ -87,7 +90,9 @@ class ArcticBackend(RemoteBackend):
         self._executor: Optional[ThreadPoolExecutor] = None  # training/control calls (one at a time)
         self._gen_executor: Optional[ThreadPoolExecutor] = None  # generate calls (many at a time)
         self._gen_concurrency = int(cfg.generate.max_concurrency or derive_vllm_config(main_config, cfg)["max_num_seqs"])
-        self._mini_batch_rows = int(derive_ds_config(main_config, cfg, n_gpus=int(cfg.training_gpus))["train_batch_size"])
+        train_ds = derive_ds_config(main_config, cfg, n_gpus=int(cfg.training_gpus))
+        self._mini_batch_rows = int(train_ds["train_batch_size"])
+        self._train_gas = int(train_ds["gradient_accumulation_steps"])
         self._tokenizer = None
         self._sampler_awake = True
         self._wake_lock: Optional[asyncio.Lock] = None  # one wake-up for a burst of generate calls
@@ -144,11 +149,15 @@ class ArcticBackend(RemoteBackend):
 
         Raises:
             ConfigError: an invalid ``remote_backend.arctic`` key, a derived DeepSpeed batch layout
-                that does not divide, or (with ``strict_loss_check``) an actor setting whose objective
+                that does not divide or a ZeRO stage / dtype mix DeepSpeed refuses, a setting the server
+                fails on or silently changes (:mod:`.arctic.server_checks`), or (with ``strict_loss_check``) an actor setting whose objective
                 Arctic's ``verl_grpo`` loss computes differently - naming the key, the value and the fix.
         """
         cfg = load_arctic_config(main_config)
         derive_ds_config(main_config, cfg, n_gpus=int(cfg.training_gpus))
+        unrunnable = server_problems(main_config, cfg)
+        if unrunnable:  # not governed by strict_loss_check: the server fails or trains something else
+            raise ConfigError("Arctic RL's server cannot run these settings as verl means them: " + "; ".join(unrunnable))
         problems = check_loss_compatibility(main_config, cfg)
         if problems:
             msg = "verl's actor objective differs from Arctic's server loss: " + "; ".join(problems)
@@ -213,15 +222,23 @@ class ArcticBackend(RemoteBackend):
         batch = bodies.dense_batch(data, pad_token_id=pad_token_id, drop_position_ids=self.cfg.drop_position_ids)
         mask = batch["attention_mask"]
         meta = self._meta(data, rollout_n, temperature, calculate_entropy, pad_token_id)
-        await self._sleep_sampler()
-        resp = await self._call(
-            "fwd_no_grad", {"batch": batch, "meta": meta}, processing=bodies.forward_processing(), reference_model=ref, op=op
-        )
-        out = require(resp, "batch", op=op)
-        if self.cfg.zorro.train:  # ZoRRo answers token-aligned (column t = log p(token t)); verl wants predict-next
-            out = {k: token_aligned_to_predict_next(v) if k in ("logprobs", "entropy") else v for k, v in out.items()}
-        metrics = map_step_metrics({k: v for k, v in (resp.get("metrics") or {}).items() if k != "loss"})
         count = self._log_prob_gpus if ref else self.cfg.training_gpus
+        # smallest request the job can split: one row per DeepSpeed rank and accumulation step
+        min_rows = count if ref else self._train_gas * int(self.cfg.training_gpus)
+        await self._sleep_sampler()
+        outs, per_request = [], []
+        per_request_rows = log_prob_rows_per_request(self._main, self.cfg, ref=ref)
+        for rows in bodies.row_chunks(mask.shape[0], per_request_rows, min_rows=max(1, min_rows)):
+            chunk = {k: v[rows] for k, v in batch.items()}
+            resp = await self._call(
+                "fwd_no_grad", {"batch": chunk, "meta": meta}, processing=bodies.forward_processing(), reference_model=ref, op=op
+            )
+            outs.append(require(resp, "batch", op=op))
+            per_request.append(map_step_metrics({k: v for k, v in (resp.get("metrics") or {}).items() if k != "loss"}))
+        out = {k: torch.cat([o[k] for o in outs]) for k in ("logprobs", "entropy") if all(k in o for o in outs)}
+        if self.cfg.zorro.train:  # ZoRRo answers token-aligned (column t = log p(token t)); verl wants predict-next
+            out = {k: token_aligned_to_predict_next(v) for k, v in out.items()}
+        metrics = {k: float(sum(v) / len(v)) for k, v in aggregate_update_metrics(per_request).items() if isinstance(v, list)}
         return LogProbResult(
             log_probs=self._packed(out, "logprobs", mask, op),
             entropy=self._packed(out, "entropy", mask, op) if calculate_entropy else None,
@@ -433,6 +450,14 @@ class ArcticBackend(RemoteBackend):
     def _meta(self, data: "TensorDict", rollout_n: int, temperature: float, entropy: bool, pad_token_id: int) -> dict:
         prompts, mask = data["prompts"], data["attention_mask"]
         response_width = mask.shape[1] - prompts.shape[1]
+        built = float(select(self._main, "actor_rollout_ref.rollout.temperature", 1.0))
+        if self.cfg.zorro.train and abs(float(temperature) - built) > 1e-12:
+            # ZoRRo's patched model applies the temperature it was built with (derive_ds_worker_config), not the call's
+            raise ConfigError(
+                f"remote_backend.arctic.zorro.train=true: this call asks for temperature={temperature}, but ZoRRo's "
+                f"model on the server was built with actor_rollout_ref.rollout.temperature={built} and ignores a "
+                "per-call temperature. Fix: keep the call's temperature equal to rollout.temperature, or set zorro.train=false"
+            )
         zorro_width = int(select(self._main, "data.max_response_length", response_width))
         if self.cfg.zorro.train and response_width != zorro_width:
             # ZoRRo's model was built for response_len = data.max_response_length (derive_ds_worker_config)

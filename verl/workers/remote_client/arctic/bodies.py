@@ -120,6 +120,19 @@ def dense_batch(data: "TensorDict", *, pad_token_id: int, drop_position_ids: boo
     return batch
 
 
+def row_chunks(total: int, rows_per_request: Optional[int], *, min_rows: int = 1) -> list[slice]:
+    """Consecutive row ranges of ``total`` rows, ``rows_per_request`` each (``None``: one range).
+
+    A last range shorter than ``min_rows`` (the fewest rows the server can split across its ranks and
+    accumulation steps) is merged into the one before it. Rows keep their order.
+    """
+    size = max(int(rows_per_request or total), int(min_rows), 1)
+    starts = list(range(0, total, size))
+    if len(starts) > 1 and total - starts[-1] < min_rows:
+        starts.pop()
+    return [slice(a, b) for a, b in zip(starts, starts[1:] + [total])]
+
+
 @dataclass
 class MiniBatch:
     """One PPO mini-batch ready to send: ``rows`` index the global batch."""

@@ -6,7 +6,8 @@ What the Arctic RL server writes for ``save(path=<actor dir>, step=N)``
 
     <actor dir>/latest                         "N"  (the server's pointer to its newest checkpoint-N)
     <actor dir>/checkpoint-N/latest            "global_step<K>"  (DeepSpeed's tag; K = optimizer steps)
-    <actor dir>/checkpoint-N/global_step<K>/mp_rank_00_model_states.pt   (+ ZeRO optimizer shards)
+    <actor dir>/checkpoint-N/global_step<K>/mp_rank_00_model_states.pt   ZeRO 0-2 (+ optimizer shards)
+    <actor dir>/checkpoint-N/global_step<K>/zero_pp_rank_0_mp_rank_00_model_states.pt   ZeRO 3 (one per rank)
 
 and what this adapter adds after the server confirms the save::
 
@@ -23,10 +24,20 @@ import json
 import os
 from typing import Any, Optional
 
-__all__ = ["RECORD_FILE", "DS_MODEL_STATES", "checkpoint_dir", "checkpoint_problem", "write_record", "recorded_engine_step"]
+__all__ = ["RECORD_FILE", "DS_MODEL_STATES", "model_states_file", "checkpoint_dir", "checkpoint_problem", "write_record", "recorded_engine_step"]
 
 RECORD_FILE = "arctic_checkpoint.json"
-DS_MODEL_STATES = "mp_rank_00_model_states.pt"
+#: DeepSpeed's model-states file of rank 0: ZeRO stages 0-2, then stage 3 (each rank saves its own partition).
+DS_MODEL_STATES = ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt")
+
+
+def model_states_file(tag_dir: str) -> Optional[str]:
+    """The model-states file DeepSpeed wrote into ``tag_dir`` at whatever ZeRO stage, or ``None``."""
+    for name in DS_MODEL_STATES:
+        path = os.path.join(tag_dir, name)
+        if os.path.isfile(path):
+            return path
+    return None
 
 
 def checkpoint_dir(actor_dir: str, step: int) -> str:
@@ -38,7 +49,7 @@ def checkpoint_problem(actor_dir: str, step: Optional[int]) -> Optional[str]:
     """What keeps the server from loading verl's step ``step`` from ``actor_dir`` (``None``: looks loadable).
 
     Checks the files DeepSpeed's ``load_checkpoint`` needs: ``checkpoint-<step>/latest`` naming a tag
-    folder that holds ``mp_rank_00_model_states.pt``. The Arctic server must see the same
+    folder that holds DeepSpeed's model states (:data:`DS_MODEL_STATES`, by ZeRO stage). The Arctic server must see the same
     ``trainer.default_local_dir`` as verl (same machine or a shared filesystem).
     """
     if step is None:
@@ -52,9 +63,8 @@ def checkpoint_problem(actor_dir: str, step: Optional[int]) -> Optional[str]:
         )
     with open(latest) as fh:
         tag = fh.read().strip()
-    states = os.path.join(ckpt, tag, DS_MODEL_STATES)
-    if not os.path.isfile(states):
-        return f"{latest} names DeepSpeed tag {tag!r}, but {states} does not exist"
+    if model_states_file(os.path.join(ckpt, tag)) is None:
+        return f"{latest} names DeepSpeed tag {tag!r}, but {os.path.join(ckpt, tag)} holds none of {list(DS_MODEL_STATES)}"
     return None
 
 

@@ -39,8 +39,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "derive_ds_config",
+    "derive_log_prob_ds_config",
+    "log_prob_rows_per_request",
+    "check_zero_stage",
+    "ZERO_STAGES",
     "derive_ds_worker_config",
     "derive_vllm_config",
+    "rollout_logprobs_mode",
     "max_seq_len",
     "resolved_log_prob_gpus",
     "build_client_config",
@@ -110,10 +115,75 @@ def derive_ds_config(main_config: "DictConfig", arctic: ArcticConfig, *, n_gpus:
         if scheduler is not None:
             ds["scheduler"] = scheduler
     merged = _deep_merge(ds, to_json_safe(arctic.deepspeed) or {})
+    check_zero_stage(merged)
     if not training:
         merged.pop("optimizer", None)
         merged.pop("scheduler", None)
     return merged
+
+
+#: What DeepSpeed 0.19 accepts as ``zero_optimization.stage``.
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+def check_zero_stage(ds_config: dict) -> int:
+    """The training job's ZeRO stage, refused before start-up where DeepSpeed's ``initialize`` would refuse it.
+
+    Arctic loads the model in bf16 (``ModelSpec.from_ds_worker_config``) and defaults gradient accumulation to
+    fp32 (``ds_training_config``); DeepSpeed's engine raises ``unsupported mix of model_dtype=torch.bfloat16
+    and grad_accum_dtype=torch.float32`` for that mix at stage 0 (stages 1-3 wrap it in their own optimizer).
+    """
+    key = "remote_backend.arctic.deepspeed"
+    stage = (ds_config.get("zero_optimization") or {}).get("stage", 0)
+    if isinstance(stage, bool) or not isinstance(stage, int) or stage not in ZERO_STAGES:
+        raise ConfigError.for_setting(f"{key}.zero_optimization.stage", stage, f"DeepSpeed knows stages {list(ZERO_STAGES)}", "set it to 1 (the default)")
+    if stage == 0:
+        accum = str((ds_config.get("data_types") or {}).get("grad_accum_dtype", "fp32"))
+        if accum not in ("bf16", "bfloat16"):
+            raise ConfigError(
+                f"{key}.zero_optimization.stage=0 with {key}.data_types.grad_accum_dtype={accum}: Arctic trains a bf16 "
+                "model, and DeepSpeed's initialize refuses bf16 weights with fp32 gradient accumulation at stage 0 "
+                "('unsupported mix of model_dtype=torch.bfloat16 and grad_accum_dtype=torch.float32'). Fix: set "
+                f"{key}.zero_optimization.stage=1 (the default), or {key}.data_types.grad_accum_dtype=bf16"
+            )
+    return int(stage)
+
+
+def derive_log_prob_ds_config(main_config: "DictConfig", arctic: ArcticConfig) -> dict:
+    """The forward-only DeepSpeed config of Arctic's log-prob (reference) job.
+
+    Arctic's ``ds_inference_config`` keeps only the micro-batch size, ``zero_optimization`` and
+    ``sequence_parallel_size`` of it. ZeRO stages 1 and 2 shard optimizer state, which a job without an
+    optimizer does not have (DeepSpeed asserts ``zero stage 1 requires an optimizer``), so the log-prob job
+    gets the training job's stage only at 3 (parameter sharding) and stage 0 otherwise. How many rows one
+    request carries is decided client-side (:func:`log_prob_rows_per_request`).
+    """
+    zero = dict((to_json_safe(arctic.deepspeed) or {}).get("zero_optimization") or {})
+    micro = select(main_config, "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", None) or 1
+    cfg: dict[str, Any] = {"train_micro_batch_size_per_gpu": int(micro)}
+    if zero.get("stage") == 3:
+        zero.pop("offload_optimizer", None)
+        cfg["zero_optimization"] = zero
+    return cfg
+
+
+def log_prob_rows_per_request(main_config: "DictConfig", arctic: ArcticConfig, *, ref: bool) -> Optional[int]:
+    """Rows of one ``/forward`` request for verl's log-prob micro-batch settings (``None``: no split).
+
+    The server runs a request as ``gradient_accumulation_steps`` micro-batches, each packed into one row
+    with full logits: the log-prob job has one (the whole request), the training job ``ppo_mini_batch_size
+    x rollout.n / (micro x GPUs)``. Splitting client-side into ``log_prob_micro_batch_size_per_gpu x GPUs``
+    rows (x the training job's accumulation steps) bounds the server's memory as verl's micro-batches bound
+    its own; each row's result does not depend on which request carried it.
+    """
+    role = "ref" if ref else "rollout"
+    micro = select(main_config, f"actor_rollout_ref.{role}.log_prob_micro_batch_size_per_gpu", None)
+    if not micro:
+        return None
+    if ref:
+        return int(micro) * max(1, resolved_log_prob_gpus(main_config, arctic))
+    ds = derive_ds_config(main_config, arctic, n_gpus=int(arctic.training_gpus))
+    return int(micro) * int(ds["gradient_accumulation_steps"]) * int(arctic.training_gpus)
 
 
 def _derive_scheduler(main_config: "DictConfig", lr: float) -> Optional[dict]:
@@ -192,7 +262,35 @@ def derive_vllm_config(main_config: "DictConfig", arctic: ArcticConfig) -> dict:
             else select(main_config, f"{rollout}.enable_chunked_prefill", True)
         ),
     }
-    return _deep_merge(vllm, to_json_safe(s.vllm) or {})
+    merged = _deep_merge(vllm, to_json_safe(s.vllm) or {})
+    merged["logprobs_mode"] = rollout_logprobs_mode(main_config, arctic)
+    return merged
+
+
+#: vLLM log-prob modes whose values are log-probabilities (the ``*_logits`` modes return logits).
+_LOGPROB_MODES = ("processed_logprobs", "raw_logprobs")
+
+
+def rollout_logprobs_mode(main_config: "DictConfig", arctic: ArcticConfig) -> str:
+    """What Arctic's vLLM returns as rollout log-probs: verl's ``rollout.logprobs_mode`` (``processed_logprobs``).
+
+    vLLM's own default is ``raw_logprobs`` (before temperature, top-k and top-p); verl's vLLM rollout asks for
+    ``processed_logprobs``, the log-probs of the distribution it sampled from, which its importance weights
+    and rollout-vs-trainer metrics assume. Arctic passes unknown ``vllm`` keys to the engine, so the key is set here.
+    """
+    key = "actor_rollout_ref.rollout.logprobs_mode"
+    mode = str(select(main_config, key, None) or "processed_logprobs")
+    if mode not in _LOGPROB_MODES:
+        raise ConfigError.for_setting(key, mode, "its values are not log-probabilities", "set it to processed_logprobs")
+    override = (arctic.sampling.vllm or {}).get("logprobs_mode")
+    if override is not None and override != mode:
+        raise ConfigError.for_setting(
+            "remote_backend.arctic.sampling.vllm.logprobs_mode",
+            override,
+            f"rollout log-probs would not mean what verl expects ({key}={mode})",
+            f"remove it; set {key} to choose the mode",
+        )
+    return mode
 
 
 def _arctic_inference_config(arctic: ArcticConfig) -> Optional[dict]:
@@ -246,9 +344,7 @@ def build_client_config(main_config: "DictConfig", arctic: ArcticConfig) -> "Arc
             vllm=derive_vllm_config(main_config, arctic),
             arctic_inference_config=_arctic_inference_config(arctic),
             log_prob_engine="deepspeed",
-            log_prob_ds_config=(
-                derive_ds_config(main_config, arctic, n_gpus=log_prob_gpus, training=False) if log_prob_gpus else None
-            ),
+            log_prob_ds_config=derive_log_prob_ds_config(main_config, arctic) if log_prob_gpus else None,
         ),
         backend=OnPremConfig(
             protocol=arctic.protocol,
@@ -267,7 +363,8 @@ def build_client_config(main_config: "DictConfig", arctic: ArcticConfig) -> "Arc
 _VERL_GRPO_FIXED = {"clip_ratio": 0.2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 3.0}
 #: loss_agg_mode values that train verl's objective on Arctic's server (see the README's matrix).
 SUPPORTED_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
-_KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "kl+", "k1+", "abs+", "low_var_kl+", "k3+")
+# The "+" (straight-through) variants reach ``kl_penalty_forward`` unchanged there and raise NotImplementedError.
+_KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 
 
 def check_loss_compatibility(main_config: "DictConfig", arctic: ArcticConfig) -> list[str]:
@@ -286,7 +383,7 @@ def check_loss_compatibility(main_config: "DictConfig", arctic: ArcticConfig) ->
     * the entropy bonus pairs each response token with the entropy of the
       distribution *after* it (the server shifts log-probs to the tokens but not
       entropy), unless ZoRRo computes both token-aligned (``zorro.train``);
-    * ``kl_loss_type=full`` is not implemented by the server.
+    * ``kl_loss_type=full`` and the ``+`` variants (``k3+`` ...) raise ``NotImplementedError`` on the server.
 
     Returns one message per mismatch (key, value, why, what works); empty when the
     objectives agree. ``ArcticBackend.check_config`` refuses any before Ray starts.

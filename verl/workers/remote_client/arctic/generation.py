@@ -8,6 +8,7 @@ results into the contract's ``GenerateResult``. Completions are never re-tokeniz
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from verl.remote_backend.results import GenerateResult
@@ -56,7 +57,13 @@ def parse_result(result: Any, *, want_logprobs: bool) -> GenerateResult:
 
 
 def _sampled_logprobs(result: dict, token_ids: list[int]) -> list[float]:
-    """Per-token log-probs of the sampled tokens from a generate result (floats, or vLLM-style dicts)."""
+    """Per-token log-probs of the sampled tokens from a generate result.
+
+    Arctic's sampler worker serializes vLLM's sample log-probs as one dict per generated token,
+    ``{token_id: {"logprob": float, "rank": int}}`` (the sampled token, plus the top ``logprobs``
+    ones), and its JSON wire turns the ids into strings. Anything else is refused: a bare float per
+    token is not a shape the server produces.
+    """
     raw = result.get("logprobs")
     if not isinstance(raw, list) or len(raw) != len(token_ids):
         raise ArcticResponseError(
@@ -64,12 +71,36 @@ def _sampled_logprobs(result: dict, token_ids: list[int]) -> list[float]:
             f"is {type(raw).__name__} of length {len(raw) if isinstance(raw, list) else 'n/a'}, expected "
             f"{len(token_ids)} entries"
         )
-    out = []
-    for tok, entry in zip(token_ids, raw):
-        if isinstance(entry, dict):
-            entry = entry.get(tok, entry.get(str(tok)))
-            entry = entry.get("logprob") if isinstance(entry, dict) else entry
-        if not isinstance(entry, (int, float)):
-            raise ArcticResponseError(f"Arctic generate: log-prob entry for token {tok} is {entry!r}, expected a float")
-        out.append(float(entry))
-    return out
+    return [_sampled_logprob(entry, tok, i) for i, (tok, entry) in enumerate(zip(token_ids, raw))]
+
+
+def _sampled_logprob(entry: Any, tok: int, i: int) -> float:
+    where = f"Arctic generate: generate result.logprobs[{i}]"
+    if not isinstance(entry, dict):
+        raise ArcticResponseError(
+            f"{where} is {type(entry).__name__} {entry!r:.80}, expected a dict mapping token ids (strings) to "
+            "{'logprob': float, 'rank': int}, as Arctic's sampler returns vLLM's log-probs"
+        )
+    odd = next((k for k in entry if not isinstance(k, str)), None)
+    if odd is not None:
+        raise ArcticResponseError(
+            f"{where} has a {type(odd).__name__} key {odd!r}; token ids arrive as strings over Arctic's JSON wire"
+        )
+    if str(tok) not in entry:
+        shown = ", ".join(sorted(entry, key=lambda k: (len(k), k))[:8]) or "none"
+        raise ArcticResponseError(f"{where} has no entry for the sampled token {tok} (token ids present: {shown})")
+    item = entry[str(tok)]
+    value = item.get("logprob") if isinstance(item, dict) else None
+    if isinstance(value, bool) or not isinstance(value, float) or not math.isfinite(value):
+        raise ArcticResponseError(
+            f"{where}[{str(tok)!r}] for the sampled token {tok} is {item!r:.80}, expected {{'logprob': <finite float>, ...}}"
+        )
+    if value > 0.0:
+        raise ArcticResponseError(
+            f"{where}: the sampled token {tok} has 'logprob' {value} > 0, not a log-probability (a sampler with vLLM "
+            "logprobs_mode raw_logits / processed_logits returns logits there)"
+        )
+    rank = item.get("rank")
+    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 1):
+        raise ArcticResponseError(f"{where}: the sampled token {tok} has rank {rank!r}, expected an int >= 1")
+    return value
