@@ -129,6 +129,34 @@ def test_log_prob_parity_with_local(env, ref):
     assert a.device.type == "cpu"
 
 
+@pytest.mark.parametrize("ref", [False, True])
+def test_log_prob_requests_are_split_by_verls_log_prob_micro_batches_with_identical_results(env, ref):
+    """Each /forward carries verl's log-prob micro-batch (x the job's accumulation steps), not the whole batch."""
+    from omegaconf import OmegaConf, open_dict
+
+    from verl.workers.remote_client.arctic_rl_client import ArcticBackend
+
+    cfg = env["cfg"].copy()
+    with open_dict(cfg):
+        OmegaConf.update(cfg, "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", 1)
+        OmegaConf.update(cfg, "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", 1)
+    split = ArcticBackend.from_config(cfg, handle=env["arctic"].reconnect_handle())  # the same jobs, other settings
+    try:
+        data = batch(env, seed=5)
+        calls = lambda: requests.get(f"{env['url']}/_standin/calls", timeout=10).json().get("/forward", 0)  # noqa: E731
+        before = calls()
+        whole = log_probs(env["arctic"], data, env, ref=ref)
+        middle = calls()
+        parts = log_probs(split, data, env, ref=ref)
+        after = calls()
+    finally:
+        run(split.destroy())
+    # 4 rows: the log-prob job takes 1 row per request; the training job 1 row x its 4 accumulation steps
+    assert (middle - before, after - middle) == ((1, 4) if ref else (1, 1))
+    for key in ("log_probs", "entropy"):
+        assert torch.equal(getattr(whole, key), getattr(parts, key)) or (getattr(whole, key) - getattr(parts, key)).abs().max() < 1e-6
+
+
 def test_update_with_mini_batches_other_than_the_jobs_is_refused_naming_the_keys(env):
     """DeepSpeed's job was created for ppo_mini_batch_size x rollout.n rows per step; other sizes would be split
     into the wrong micro-batches on the server, so the adapter refuses them before sending anything."""
@@ -165,6 +193,17 @@ def test_generate_fails_loudly_when_prompt_ids_do_not_survive_text(env):
     assert tok.decode(split) == tok.decode(ids)
     with pytest.raises(PromptRoundTripError, match=f"first difference at position {at}"):
         run(env["arctic"].generate(split, {"max_tokens": 2}))
+
+
+def test_colocated_sampler_wakes_only_after_the_training_cache_is_emptied(env):
+    """Arctic's Ray server empties the training job's cache inside wake_inference; over HTTP the adapter does."""
+    def count(path):
+        return requests.get(f"{env['url']}/_standin/calls", timeout=10).json().get(path, 0)
+
+    log_probs(env["arctic"], batch(env, seed=7), env)  # colocated: the sampler goes to sleep
+    before = (count("/empty-training-cache"), count("/weight-sync"))
+    run(env["arctic"].update_weights())
+    assert (count("/empty-training-cache"), count("/weight-sync")) == (before[0] + 1, before[1] + 1)
 
 
 def test_checkpoint_save_and_load_restore_weights(env):

@@ -2,7 +2,7 @@
 
 Every update below goes adapter -> arctic-platform's HTTP client -> Arctic's FastAPI app
 -> ``http_split_batch`` -> ``DeepSpeedWorker._forward_maybe_backward`` -> ``run_pipeline``
--> Snowflake's ``verl_grpo`` loss, with only the DeepSpeed engine and vLLM replaced by CPU
+-> Snowflake's ``verl_grpo`` loss, on DeepSpeed's real CPU engine, with only vLLM and ZoRRo's kernels replaced by CPU
 doubles (``tests/arctic_standin``). The reference is verl's actor objective on the same
 batch, weights and optimizer, computed by the local engine (itself checked against verl's
 ``DataParallelPPOActor`` in ``test_local_backend_parity.py``).
@@ -34,7 +34,7 @@ def server(tmp_path_factory):
     from verl.remote_backend.testing.tiny_model import build_tiny_model
 
     root = tmp_path_factory.mktemp("arctic_parity")
-    model = build_tiny_model(str(root / "model"))
+    model = build_tiny_model(str(root / "model"), architecture="qwen3")  # ZoRRo Train supports Qwen3 families only
     port = free_port()
     proc = start_standin(port, str(root / "logs"), log_prob_gpus=1)
     try:
@@ -50,6 +50,7 @@ def _config(server, name, overrides):
         "actor_rollout_ref.actor.optim.lr=1e-3",
         "actor_rollout_ref.actor.use_kl_loss=true",  # reference log-prob job exists in every case
         "actor_rollout_ref.actor.kl_loss_coef=0.0",
+        f"actor_rollout_ref.rollout.temperature={TEMPERATURE}",  # ZoRRo's model is built with it
     ]
     return compose_config(server["model"], str(server["root"] / name / "ckpt"), server["port"], base + list(overrides))
 

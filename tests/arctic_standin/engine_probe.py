@@ -1,7 +1,7 @@
 """Start Arctic's ``DeepSpeedWorker`` jobs in this process on the real DeepSpeed CPU engine and report (tests only).
 
 ``python engine_probe.py '<json>'`` with ``{"jobs": [<job_config>, ...], "dtype": "float32"|"bfloat16",
-"step": bool, "save_dir": str|null, "packed": {...}|null, "zorro_temperature": float|null}``: each job config is
+"step": bool, "zero_grad": bool, "save_dir": str|null, "packed": {...}|null, "zorro_temperature": float|null}``: each job config is
 what Arctic's ``/initialize`` hands a worker (``ArcticClientConfig.to_onprem(job_type)``). For each job it runs
 :class:`~.cpu_worker.CpuDeepSpeedWorker` ``.initialize`` (Arctic's own, on DeepSpeed's CPU accelerator) and, when
 asked, one forward / backward / ``step`` through the engine and Arctic's ``save_checkpoint``. Prints one JSON line
@@ -40,11 +40,14 @@ def _probe(job: dict, request: dict, index: int) -> dict:
         engine.train()
         for _ in range(engine.gradient_accumulation_steps()):
             loss = engine(input_ids=ids, use_cache=False).logits.float().logsumexp(-1).mean()
+            if request.get("zero_grad"):  # GRPO with equal rewards in every group: an all-zero gradient
+                loss = loss * 0.0
             engine.backward(loss)
             worker._engine_step()
         norm = engine.get_global_grad_norm()
         out["grad_norm"] = None if norm is None else float(norm)
         out["global_steps"] = int(engine.global_steps)
+        out["lr"] = float(engine.get_lr()[0])
     if request.get("save_dir") and job.get("job_type") == "training":
         path = os.path.join(request["save_dir"], f"job{index}")
         saved = worker.save_checkpoint(path)

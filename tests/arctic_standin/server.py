@@ -5,8 +5,8 @@ its FastAPI app, routes, request models, job bookkeeping, batch splitting / merg
 reordering, ``DeepSpeedWorker`` Ray actors, processing pipeline, losses, checkpoint and
 weight-sync handling - after swapping in, before it runs:
 
-* ``DeepSpeedWorker`` -> :class:`.cpu_worker.CpuDeepSpeedWorker` (Arctic's class with a CPU
-  ``initialize`` building :class:`.cpu_engine.CpuDeepSpeedEngine`);
+* ``DeepSpeedWorker`` -> :class:`.cpu_worker.CpuDeepSpeedWorker` (Arctic's class, its real
+  ``initialize`` run on DeepSpeed's CPU engine with a few scoped CPU patches);
 * the vLLM ``ReplicaPool`` and ``build_model_config`` -> :mod:`.cpu_sampler`;
 * ``init_ray_cluster`` -> a private local Ray cluster that declares the requested GPUs as
   logical resources (placement groups and ``num_gpus`` requests then schedule as on GPUs).

@@ -94,7 +94,9 @@ class ArcticBackend(RemoteBackend):
         self._mini_batch_rows = int(train_ds["train_batch_size"])
         self._train_gas = int(train_ds["gradient_accumulation_steps"])
         self._tokenizer = None
-        self._sampler_awake = True
+        # None: unknown. Arctic's pool keeps its sleep state across jobs (a sampling job destroyed asleep leaves
+        # the next one asleep), so the first generate wakes it (a no-op when awake) and the first training call sleeps it.
+        self._sampler_awake: Optional[bool] = None
         self._wake_lock: Optional[asyncio.Lock] = None  # one wake-up for a burst of generate calls
         self._policy_version = 0
         self._log_prob_gpus = resolved_log_prob_gpus(main_config, cfg)
@@ -334,6 +336,7 @@ class ArcticBackend(RemoteBackend):
 
     async def update_weights(self) -> dict[str, Any]:
         """``sync_weights``: wakes the sampler, pushes the trained weights, resets its prefix cache."""
+        await self._empty_training_cache("update_weights")
         await self._call("sync_weights", op="update_weights")
         self._sampler_awake = True
         self._policy_version += 1
@@ -405,12 +408,29 @@ class ArcticBackend(RemoteBackend):
 
     async def _call(self, method: str, *args: Any, op: str, concurrent: bool = False, **kwargs: Any) -> Any:
         """Run ``client.<method>`` on a worker thread (the generate pool when ``concurrent``); translate failures."""
-        fn = getattr(self._live_client(), method)
+        return await self._run(functools.partial(getattr(self._live_client(), method), *args, **kwargs), op=op, concurrent=concurrent)
+
+    async def _run(self, call: Any, *, op: str, concurrent: bool = False) -> Any:
         try:
-            call = functools.partial(fn, *args, **kwargs)
             return await asyncio.get_running_loop().run_in_executor(self._pool(concurrent), call)
         except Exception as exc:
             raise translate_error(exc, op=op, address=self._address, timeout_s=self._timeout_s) from exc
+
+    async def _empty_training_cache(self, op: str) -> None:
+        """Colocated: release the training job's cached accelerator memory before vLLM wakes on the same GPUs.
+
+        Arctic's Ray server does this inside its ``wake_inference``; over HTTP ``/wake-inference`` and
+        ``/weight-sync`` do not, and the client has no call for ``/empty-training-cache``, so it is posted here.
+        """
+        if not self.cfg.colocate:
+            return
+        transport = self._live_client().transport
+        url, job_id = f"{transport.base_url}/empty-training-cache", getattr(transport.jobs, "training", None)
+
+        def post() -> None:
+            transport.session.post(url, params={"job_id": job_id}, timeout=transport.timeout).raise_for_status()
+
+        await self._run(post, op=f"{op} (emptying the training job's cache)")
 
     def _pool(self, concurrent: bool) -> ThreadPoolExecutor:
         """Training/control calls share a small pool; ``generate`` gets one (and as many pooled HTTP
@@ -432,18 +452,19 @@ class ArcticBackend(RemoteBackend):
     async def _wake_sampler(self) -> None:
         """Wake a sampler this instance put to sleep: a generate may follow a training call
         without an update_weights between them (the weights have not changed)."""
-        if self._sampler_awake:
+        if self._sampler_awake is True:
             return
         if self._wake_lock is None:
             self._wake_lock = asyncio.Lock()
         async with self._wake_lock:
-            if not self._sampler_awake:
+            if self._sampler_awake is not True:
+                await self._empty_training_cache("generate")
                 await self._call("wake_inference", op="generate (waking the sampler)")
                 self._sampler_awake = True
 
     async def _sleep_sampler(self) -> None:
         """Colocated: free the sampler's GPU memory before training work (update_weights wakes it)."""
-        if self.cfg.colocate and self.cfg.weight_sync.sleep_sampler_during_training and self._sampler_awake:
+        if self.cfg.colocate and self.cfg.weight_sync.sleep_sampler_during_training and self._sampler_awake is not False:
             await self._call("sleep_inference", level=1, op="sleep_inference")
             self._sampler_awake = False
 
