@@ -196,14 +196,15 @@ def test_generate_fails_loudly_when_prompt_ids_do_not_survive_text(env):
 
 
 def test_colocated_sampler_wakes_only_after_the_training_cache_is_emptied(env):
-    """Arctic's Ray server empties the training job's cache inside wake_inference; over HTTP the adapter does."""
+    """Arctic's Ray server empties the training job's cache inside wake_inference; over HTTP the adapter does
+    (weight sync goes through /operation)."""
     def count(path):
         return requests.get(f"{env['url']}/_standin/calls", timeout=10).json().get(path, 0)
 
     log_probs(env["arctic"], batch(env, seed=7), env)  # colocated: the sampler goes to sleep
-    before = (count("/empty-training-cache"), count("/weight-sync"))
+    before = (count("/empty-training-cache"), count("/operation"))
     run(env["arctic"].update_weights())
-    assert (count("/empty-training-cache"), count("/weight-sync")) == (before[0] + 1, before[1] + 1)
+    assert count("/empty-training-cache") == before[0] + 1 and count("/operation") > before[1]
 
 
 def test_checkpoint_save_and_load_restore_weights(env):

@@ -168,3 +168,29 @@ def test_an_all_zero_gradient_still_counts_as_an_optimizer_step_on_the_real_engi
     for res in probe(jobs, dtype="bfloat16", step=True, zero_grad=True):
         assert res["ok"], res
         assert res["grad_norm"] == 0.0 and res["global_steps"] == 1, res
+
+
+@pytest.mark.slow
+def test_the_example_scripts_settings_start_the_real_jobs(tiny_model_dir, tmp_path):
+    """``examples/gsm8k_remote/run_gsm8k_grpo_arctic.sh`` (model and paths swapped for the tiny model) passes
+    the start-up checks, and its training and log-prob jobs start on the real engine in bf16."""
+    import re
+
+    from verl.workers.remote_client.arctic_rl_client import ArcticBackend
+
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "gsm8k_remote", "run_gsm8k_grpo_arctic.sh")
+    values = {"$MODEL": tiny_model_dir, "$CKPT_DIR": str(tmp_path / "ckpt"), "$ARCTIC_HOST": "127.0.0.1", "$ARCTIC_PORT": "8000",
+              "$LAUNCH_SERVER": "false", "$GPU_MEM": "0.4", "$PEAK_FLOPS": "9.89e+14", "$STEPS": "20"}  # fmt: skip
+    overrides = []
+    for key, value in re.findall(r"^\s+([a-z_][\w.]*)=(\S+) \\$", open(script).read(), flags=re.M):
+        if key.startswith(("data.train_files", "data.val_files", "trainer.logger")):
+            continue
+        value = value.strip('"')
+        overrides.append(f"{key}={values.get(value, value)}")
+    assert any(o.startswith("remote_backend.arctic.log_prob_gpus=1") for o in overrides), overrides
+    cfg = compose_config(tiny_model_dir, str(tmp_path / "ckpt"), 8000, overrides)
+    ArcticBackend.check_config(cfg)
+    jobs = adapter_jobs(cfg)
+    assert jobs["training"]["ds_config"]["train_batch_size"] == 32 * 4
+    for res in probe([jobs["training"], jobs["log_prob"]], dtype="bfloat16"):
+        assert res["ok"], res

@@ -52,6 +52,7 @@ python -m verl.remote_backend.main_ppo \
     actor_rollout_ref.rollout.n=4 \
     actor_rollout_ref.rollout.gpu_memory_utilization="$GPU_MEM" \
     actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 \
+    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16 \
     actor_rollout_ref.rollout.agent.num_workers=4 \
     remote_backend.arctic.host="$ARCTIC_HOST" \
     remote_backend.arctic.port="$ARCTIC_PORT" \

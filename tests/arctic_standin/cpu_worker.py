@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
-import socket
 from types import SimpleNamespace
 from typing import Any, Iterator
 
@@ -37,6 +36,7 @@ import torch
 from arctic_platform.common import deepspeed_worker as arctic_worker
 
 from . import zorro_double
+from .harness import free_port
 
 #: attn_implementation values that isolate packed sequences on a GPU (flash-attention's varlen path).
 FLASH_ATTENTION_KINDS = ("flash_attention_2", "flash_attention_3", "kernels-community/flash-attn", "kernels-community/flash-attn3")
@@ -48,12 +48,6 @@ def standin_dtype() -> str:
     if value not in ("float32", "bfloat16"):
         raise ValueError(f"ARCTIC_STANDIN_DTYPE={value!r}: expected float32 or bfloat16")
     return value
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _drop_all_ones_mask(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -123,7 +117,7 @@ class CpuDeepSpeedWorker(arctic_worker.DeepSpeedWorker.__ray_actor_class__):
         if self.world_size != 1:
             raise ValueError(f"the CPU stand-in runs one DeepSpeed rank per job, got world_size={self.world_size}")
         torch.set_num_threads(int(os.environ.get("ARCTIC_STANDIN_THREADS", "1")))
-        self.master_port = _free_port()
+        self.master_port = free_port()
         requested = str((job_config.get("ds_worker_config") or {}).get("attn_implementation"))
         zorro_double.install()  # in this worker process, where Arctic's build_model applies its patches
         with _cpu_initialize_patches(self, requested):
