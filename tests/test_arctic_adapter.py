@@ -195,7 +195,7 @@ def test_generate_fails_loudly_when_prompt_ids_do_not_survive_text(env):
         run(env["arctic"].generate(split, {"max_tokens": 2}))
 
 
-def test_colocated_sampler_wakes_only_after_the_training_cache_is_emptied(env):
+def test_colocated_weight_sync_first_empties_the_training_cache(env):
     """Arctic's Ray server empties the training job's cache inside wake_inference; over HTTP the adapter does
     (weight sync goes through /operation)."""
     def count(path):
