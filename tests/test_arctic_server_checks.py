@@ -6,6 +6,8 @@ that code runs on a CPU; the rest are derivations (log-prob request sizes, the r
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import torch
 
@@ -110,3 +112,24 @@ def test_log_prob_requests_follow_verls_log_prob_micro_batches(model_dir, tmp_pa
     assert row_chunks(8, 3) == [slice(0, 3), slice(3, 6), slice(6, 8)]
     assert row_chunks(9, 4, min_rows=2) == [slice(0, 4), slice(4, 9)]  # a last request too small to split is merged
     assert row_chunks(5, None) == [slice(0, 5)]
+
+
+def test_a_zorro_call_at_another_temperature_than_its_model_was_built_with_is_refused(model_dir, tmp_path):
+    """ZoRRo's patched model applies rollout.temperature (its build-time value); a call asking for another one
+    would silently get rollout.temperature's log-probs, so it is refused before anything is sent."""
+    from transformers import AutoTokenizer
+
+    from arctic_standin.harness import make_batch
+
+    cfg = cfg_with(model_dir, tmp_path, "remote_backend.arctic.zorro.train=true", "actor_rollout_ref.rollout.temperature=0.7",
+                   "data.max_response_length=5")  # fmt: skip
+    backend = ArcticBackend(cfg, load_arctic_config(cfg), client=None, owner=False)  # no server: refused before any call
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    data = make_batch(prompt_lens=[3, 2], response_lens=[4, 5], prompt_width=6, response_width=5, vocab=len(tok),
+                      pad_token_id=tok.pad_token_id, seed=0, with_update_fields=True)  # fmt: skip
+    call = dict(ref=False, calculate_entropy=False, rollout_n=2, pad_token_id=tok.pad_token_id)
+    with pytest.raises(ConfigError, match=r"temperature=0.3, but ZoRRo's model .* built with actor_rollout_ref.rollout.temperature=0.7"):
+        asyncio.run(backend.compute_log_prob(data, temperature=0.3, **call))
+    with pytest.raises(Exception) as at_built:  # the built temperature passes the check and reaches the (absent) client
+        asyncio.run(backend.compute_log_prob(data, temperature=0.7, **call))
+    assert not isinstance(at_built.value, ConfigError)
