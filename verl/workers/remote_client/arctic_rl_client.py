@@ -93,6 +93,8 @@ class ArcticBackend(RemoteBackend):
         train_ds = derive_ds_config(main_config, cfg, n_gpus=int(cfg.training_gpus))
         self._mini_batch_rows = int(train_ds["train_batch_size"])
         self._train_gas = int(train_ds["gradient_accumulation_steps"])
+        # rows of one /forward for the actor (training job) and the reference (log-prob job); None: the whole batch
+        self._log_prob_rows = {ref: log_prob_rows_per_request(main_config, cfg, ref=ref) for ref in (False, True)}
         self._tokenizer = None
         # None: unknown. Arctic's pool keeps its sleep state across jobs (a sampling job destroyed asleep leaves
         # the next one asleep), so the first generate wakes it (a no-op when awake) and the first training call sleeps it.
@@ -229,8 +231,7 @@ class ArcticBackend(RemoteBackend):
         min_rows = count if ref else self._train_gas * int(self.cfg.training_gpus)
         await self._sleep_sampler()
         outs, per_request = [], []
-        per_request_rows = log_prob_rows_per_request(self._main, self.cfg, ref=ref)
-        for rows in bodies.row_chunks(mask.shape[0], per_request_rows, min_rows=max(1, min_rows)):
+        for rows in bodies.row_chunks(mask.shape[0], self._log_prob_rows[ref], min_rows=max(1, min_rows)):
             chunk = {k: v[rows] for k, v in batch.items()}
             resp = await self._call(
                 "fwd_no_grad", {"batch": chunk, "meta": meta}, processing=bodies.forward_processing(), reference_model=ref, op=op

@@ -44,7 +44,7 @@ def _model_type(main_config: "DictConfig") -> Optional[str]:
 def server_problems(main_config: "DictConfig", arctic: ArcticConfig) -> list[str]:
     """One message per setting Arctic's server cannot run as verl means it; empty when none."""
     problems: list[str] = []
-    p, model, actor, rollout = CONFIG_KEY, "actor_rollout_ref.model", "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
+    p, model = CONFIG_KEY, "actor_rollout_ref.model"
 
     lora_rank = int(select(main_config, f"{model}.lora_rank", 0) or 0)
     if lora_rank > 0:
