@@ -91,7 +91,7 @@ class ArcticConfig:
     strict_loss_check: bool = True
     micro_batch_size: Optional[int] = setting(None, ge=1)
     drop_position_ids: bool = True
-    deepspeed: dict = field(default_factory=dict)
+    deepspeed: dict = field(default_factory=lambda: {"zero_optimization": {"stage": 1}})  # as arctic.yaml
     ds_worker: dict = field(default_factory=dict)
     zorro: ZorroConfig = field(default_factory=ZorroConfig)
     logits: LogitsConfig = field(default_factory=LogitsConfig)
