@@ -252,7 +252,7 @@ def test_reconnect_handle_attaches_without_new_jobs_and_detaches_safely(env):
 
 def test_foreign_handle_is_refused(env):
     with pytest.raises(ValueError, match="not an arctic-backend handle"):
-        type(env["arctic"]).from_config(env["cfg"], handle={"kind": "local", "actor": None})
+        type(env["arctic"]).from_config(env["cfg"], handle={"backend": "local", "actor": None})
 
 
 # ----------------------------------------------------------------------------- failures

@@ -7,10 +7,13 @@ outside the package.
 
 from __future__ import annotations
 
+import copy
 import math
 import os
+import re
 
 import pytest
+from omegaconf import OmegaConf
 
 from remote_e2e import (
     REQUIRED_STEP_METRICS,
@@ -23,6 +26,7 @@ from remote_e2e import (
 )
 from verl.remote_backend.derived_settings import derive_remote_settings, describe, explicit_override_keys
 from verl.remote_backend.errors import ConfigError
+from verl.remote_backend.rules import check_required_settings, required_settings
 from verl.remote_backend.validation import validate_remote_backend_config
 
 
@@ -60,6 +64,22 @@ def test_verls_grpo_line_plus_the_switch_is_derived_into_a_valid_remote_run(asse
     assert line_printed.startswith("[remote_backend] set for trainer.remote_backend=local: ")
     assert "actor_rollout_ref.rollout.name=remote (was vllm)" in line_printed
     assert derive_remote_settings(config, explicit_override_keys(line)) == []  # idempotent
+
+
+@pytest.mark.parametrize("backend, single_forwarder", [("local", True), ("my-engine", False)])
+def test_every_key_the_switch_sets_is_one_validation_checks(assets, backend, single_forwarder):
+    """One table: each rule the switch applies is satisfied after it, and breaking any one of
+    them again (a value neither required nor also accepted) is refused naming that key."""
+    config = compose(verl_line(assets, backend=backend))
+    changes = derive_remote_settings(config, explicit=None)
+    rules = required_settings(config, backend, single_forwarder)
+    assert {c.key for c in changes} <= {r.key for r in rules}
+    check_required_settings(config, backend, single_forwarder)  # the switch's result passes
+    for rule in rules:
+        broken = copy.deepcopy(config)
+        OmegaConf.update(broken, rule.key, "not-" + str(rule.value), force_add=True)
+        with pytest.raises(ConfigError, match=rf"^{re.escape(rule.key)}=.*Fix: set {re.escape(rule.key)}="):
+            check_required_settings(broken, backend, single_forwarder)
 
 
 def test_nothing_is_derived_on_verls_own_path(assets):

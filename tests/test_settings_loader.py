@@ -115,7 +115,7 @@ def test_each_validation_rule_stands_alone():
     cfg = OmegaConf.create({"trainer": {"default_hdfs_dir": "hdfs://x", "device": "cpu", "n_gpus_per_node": 2, "nnodes": 1}})
     with pytest.raises(ConfigError, match=r"^trainer.default_hdfs_dir='hdfs://x': .*Fix: set trainer.default_hdfs_dir=null"):
         validation.check_no_hdfs(cfg)
-    validation.check_trainer_device(cfg, "local")
+    validation.check_forwarder_count(cfg)
     with pytest.raises(ConfigError, match=r"^trainer.remote_backend='retry': .*not a backend"):
         validation.check_backend_name("retry")
     cfg = OmegaConf.merge(cfg, {"ray_kwargs": {"ray_init": {"num_cpus": 2}}})

@@ -3,7 +3,8 @@
 A verl GRPO command line describes verl's own engines (vLLM rollout with tensor parallelism, FSDP
 workers on 8 GPUs per node, the legacy-worker switch). With a remote backend those engines are
 not started, so the keys that describe them have exactly one valid value on the remote path.
-This module sets them, so a user adds only the switch to verl's own command line.
+This module sets them (the table is :mod:`verl.remote_backend.rules`, which validation checks
+against), so a user adds only the switch to verl's own command line.
 """
 
 from __future__ import annotations
@@ -16,22 +17,14 @@ from omegaconf import OmegaConf, open_dict
 
 from verl.remote_backend.base import requires_single_forwarder
 from verl.remote_backend.errors import ConfigError
+from verl.remote_backend.rules import required_settings
 from verl.remote_backend.settings import select
-from verl.remote_backend.validation import REMOTE_ROLLOUT_NAME, backend_name
+from verl.remote_backend.validation import backend_name
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
 __all__ = ["DerivedSetting", "derive_remote_settings", "explicit_override_keys", "describe"]
-
-#: verl's own rollout engines: a value naming one describes the engine the backend replaces.
-VERL_ROLLOUT_ENGINES = frozenset({"vllm", "sglang", "hf", "trtllm", "naive", "???"})
-
-_PARALLEL_SIZES = (
-    "actor_rollout_ref.rollout.tensor_model_parallel_size",
-    "actor_rollout_ref.rollout.data_parallel_size",
-    "actor_rollout_ref.rollout.pipeline_model_parallel_size",
-)
 
 
 @dataclass(frozen=True)
@@ -69,58 +62,27 @@ def derive_remote_settings(config: "DictConfig", explicit: Optional[Collection[s
     if name is None:
         return []
     explicit = frozenset(explicit or ())
-    changes: list[DerivedSetting] = []
-
-    def require(key: str, value: Any, reason: str, *, refuse_explicit: Collection[Any] = ()) -> None:
-        current = select(config, key)
-        if current == value:
-            return
-        if key in explicit and current in refuse_explicit:
-            raise ConfigError(
-                f"{key}={current!r} was set explicitly, but with trainer.remote_backend={name} {reason}. "
-                f"Fix: drop {key} from the command line (it is set to {value!r} for you)"
-            )
-        parent, _, leaf = key.rpartition(".")
-        node = OmegaConf.select(config, parent) if parent else config
-        with open_dict(node):
-            node[leaf] = value
-        changes.append(DerivedSetting(key, current, value, reason))
-
-    require(
-        "trainer.use_legacy_worker_impl",
-        "disable",
-        "verl's new worker path is the one remote backends plug into",
-        refuse_explicit={"enable"},
-    )
-    require(
-        "trainer.device",
-        "cpu",
-        "the verl side (driver, forwarders) computes nothing on an accelerator; the backend owns its devices",
-        refuse_explicit={"cuda", "npu"},
-    )
-    rollout_name = select(config, "actor_rollout_ref.rollout.name")
-    if rollout_name not in (REMOTE_ROLLOUT_NAME, name):
-        unknown = rollout_name not in VERL_ROLLOUT_ENGINES and rollout_name is not None
-        require(
-            "actor_rollout_ref.rollout.name",
-            REMOTE_ROLLOUT_NAME,
-            "generation goes through the backend's sampler, not a rollout engine of verl's",
-            refuse_explicit={rollout_name} if unknown else (),
-        )
-    for key in _PARALLEL_SIZES:
-        if select(config, key) is not None:
-            require(key, 1, "the backend parallelises sampling itself (one rollout replica per forwarder)")
-
     from verl.remote_backend.registry import RemoteBackendRegistry
 
     try:
-        backend_cls = RemoteBackendRegistry.get(name)
+        single = requires_single_forwarder(RemoteBackendRegistry.get(name))
     except Exception:  # noqa: BLE001 - an unknown or broken name: validation names it and the fix
-        return changes
-    if requires_single_forwarder(backend_cls):
-        reason = f"backend {name!r} owns its parallelism: one CPU forwarder (its devices: remote_backend.{name}.*)"
-        require("trainer.n_gpus_per_node", 1, reason)
-        require("trainer.nnodes", 1, reason)
+        single = False
+    changes: list[DerivedSetting] = []
+    for rule in required_settings(config, name, single):
+        current = select(config, rule.key)
+        if rule.accepts(current):
+            continue
+        if rule.key in explicit and rule.refuse_explicit(current):
+            raise ConfigError(
+                f"{rule.key}={current!r} was set explicitly, but with trainer.remote_backend={name} {rule.reason}. "
+                f"Fix: drop {rule.key} from the command line (it is set to {rule.value!r} for you)"
+            )
+        parent, _, leaf = rule.key.rpartition(".")
+        node = OmegaConf.select(config, parent) if parent else config
+        with open_dict(node):
+            node[leaf] = rule.value
+        changes.append(DerivedSetting(rule.key, current, rule.value, rule.reason))
     return changes
 
 

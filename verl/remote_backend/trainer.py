@@ -20,10 +20,9 @@ import ray
 from verl.remote_backend.base import RemoteBackend, destroy_backend
 from verl.remote_backend.cpu_compat import install_flash_attn_fallback
 from verl.remote_backend.guard import run_with_timeout
-from verl.remote_backend.errors import RunInterruptedError
+from verl.remote_backend.errors import BackendTimeoutError, ConfigError, RunInterruptedError
 from verl.remote_backend.interrupts import raise_if_interrupted
 from verl.remote_backend.registry import RemoteBackendRegistry
-from verl.remote_backend.errors import BackendTimeoutError
 from verl.remote_backend.reliability import ReliabilitySettings
 from verl.remote_backend.validation import (
     RemoteRunPlan,
@@ -99,8 +98,11 @@ class RemoteBackendTrainer(RayPPOTrainer):
         # The entry point already read the data files and checksummed the checkpoint on the driver.
         plan = validate_remote_backend_config(config, scan_files=False)
         if plan is None:
-            raise ValueError(
-                "RemoteBackendTrainer needs trainer.remote_backend=<name>; with null use verl's RayPPOTrainer"
+            raise ConfigError.for_setting(
+                "trainer.remote_backend",
+                None,
+                "RemoteBackendTrainer drives a remote backend and needs its name",
+                "set trainer.remote_backend=<name>, or use verl's RayPPOTrainer for verl's own path",
             )
         self.plan: RemoteRunPlan = plan
         self.backend: Optional[RemoteBackend] = None

@@ -21,6 +21,7 @@ from verl.remote_backend.data_checks import check_data_files
 from verl.remote_backend.errors import ConfigError
 from verl.remote_backend.registry import RemoteBackendRegistry
 from verl.remote_backend.reliability import ReliabilitySettings
+from verl.remote_backend.rules import check_required_settings
 from verl.remote_backend.settings import select
 from verl.remote_backend.verl_settings import local_model_dir
 
@@ -32,13 +33,9 @@ __all__ = [
     "backend_name",
     "validate_remote_backend_config",
     "required_ray_cpus",
-    "check_single_forwarder",
-    "REMOTE_ROLLOUT_NAME",
     "RESERVED_BLOCKS",
 ]
 
-#: Rollout name of the replica that forwards ``generate`` to a remote backend.
-REMOTE_ROLLOUT_NAME = "remote"
 #: Keys of the shared ``remote_backend`` block that are not backends.
 RESERVED_BLOCKS = ("timeouts", "liveness", "retry")
 
@@ -82,14 +79,9 @@ def validate_remote_backend_config(
         return None
     check_backend_name(name)
     backend_cls = RemoteBackendRegistry.get(name)
-    check_worker_impl(config)
-    check_trainer_device(config, name)
-    check_rollout_name(config, name)
+    check_required_settings(config, name, requires_single_forwarder(backend_cls))
     check_forwarder_count(config)
-    num_replicas = check_rollout_replicas(config)
     check_batch_sizes(config)
-    if requires_single_forwarder(backend_cls):
-        check_single_forwarder(name, True, config)
     check_no_critic(config)
     check_no_reward_model(config)
     check_checkpoint_engine(config)
@@ -106,7 +98,7 @@ def validate_remote_backend_config(
         backend_cls=backend_cls,
         name=name,
         num_forwarders=_num_forwarders(config),
-        num_replicas=num_replicas,
+        num_replicas=_num_forwarders(config),  # one replica per forwarder: the rollout parallel sizes are 1
         resume_from=resume_from,
     )
 
@@ -140,42 +132,6 @@ def check_backend_name(name: str) -> None:
         )
 
 
-def check_worker_impl(config: "DictConfig") -> None:
-    """Remote backends plug into verl's new worker path only."""
-    impl = config.trainer.get("use_legacy_worker_impl", "auto")
-    if impl != "disable":
-        raise _fail(
-            "trainer.use_legacy_worker_impl",
-            impl,
-            "remote backends plug into verl's new worker path (nested-jagged TensorDict batches) only",
-            "set trainer.use_legacy_worker_impl=disable",
-        )
-
-
-def check_trainer_device(config: "DictConfig", name: str) -> None:
-    """The verl side (driver and forwarders) runs on CPU; the backend owns the accelerators."""
-    device = config.trainer.get("device", "cuda")
-    if device != "cpu":
-        raise _fail(
-            "trainer.device",
-            device,
-            "the verl side of a remote-backend run (driver and forwarders) computes nothing on an accelerator",
-            f"set trainer.device=cpu; the backend's accelerators are configured under remote_backend.{name}.*",
-        )
-
-
-def check_rollout_name(config: "DictConfig", name: str) -> None:
-    """Generation goes through the backend's sampler (rollout ``remote`` or the backend's name)."""
-    rollout_name = config.actor_rollout_ref.rollout.get("name")
-    if rollout_name not in sorted({REMOTE_ROLLOUT_NAME, name}):
-        raise _fail(
-            "actor_rollout_ref.rollout.name",
-            rollout_name,
-            "generation must go through the backend's sampler",
-            f"set actor_rollout_ref.rollout.name={REMOTE_ROLLOUT_NAME}",
-        )
-
-
 def check_forwarder_count(config: "DictConfig") -> None:
     """At least one forwarder worker (``n_gpus_per_node * nnodes`` of them)."""
     n_fwd = _num_forwarders(config)
@@ -186,28 +142,6 @@ def check_forwarder_count(config: "DictConfig") -> None:
             "at least one forwarder worker is needed",
             "set trainer.n_gpus_per_node=1 trainer.nnodes=1",
         )
-
-
-def check_rollout_replicas(config: "DictConfig") -> int:
-    """verl's replica count (forwarders / rollout parallel size) must be a whole number >= 1; returns it."""
-    rollout = config.actor_rollout_ref.rollout
-    n_fwd = _num_forwarders(config)
-    per_replica = (
-        int(rollout.tensor_model_parallel_size)
-        * int(rollout.get("data_parallel_size", 1))
-        * int(rollout.get("pipeline_model_parallel_size", 1))
-    )
-    num_replicas = n_fwd // per_replica
-    if num_replicas == 0 or n_fwd % per_replica:
-        raise _fail(
-            "actor_rollout_ref.rollout.tensor_model_parallel_size",
-            int(rollout.tensor_model_parallel_size),
-            f"verl builds (forwarders {n_fwd}) // (tensor * data * pipeline parallel size {per_replica}) = "
-            f"{num_replicas} rollout replicas{' (not a whole number)' if n_fwd % per_replica else ''}; "
-            "the backend parallelises sampling itself",
-            "set actor_rollout_ref.rollout.tensor_model_parallel_size=1 (and data/pipeline_model_parallel_size=1)",
-        )
-    return num_replicas
 
 
 def check_batch_sizes(config: "DictConfig") -> None:
@@ -235,20 +169,6 @@ def check_batch_sizes(config: "DictConfig") -> None:
             int(micro),
             f"a mini-batch holds ppo_mini_batch_size x rollout.n = {mini * n} samples, not a multiple of it",
             f"set ppo_micro_batch_size_per_gpu to a divisor of {mini * n}",
-        )
-
-
-def check_single_forwarder(name: str, single: bool, config: "DictConfig") -> None:
-    """Raise when a backend that owns its parallelism would get more than one forwarder."""
-    n = _num_forwarders(config)
-    if single and n != 1:
-        raise _fail(
-            "trainer.n_gpus_per_node * trainer.nnodes",
-            f"{config.trainer.n_gpus_per_node} * {config.trainer.nnodes}",
-            f"backend {name!r} owns all of its parallelism and needs exactly one CPU forwarder, "
-            f"but this asks for {n}",
-            "set trainer.n_gpus_per_node=1 trainer.nnodes=1 (the backend's own GPUs are set under "
-            f"remote_backend.{name}.*)",
         )
 
 

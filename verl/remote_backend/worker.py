@@ -24,7 +24,13 @@ from verl.remote_backend.batch_ref import BatchRef
 from verl.remote_backend.checkpoints import checkpoints_to_prune, parse_global_step, protected_checkpoint, resume_failure
 from verl.remote_backend.cpu_compat import install_flash_attn_fallback
 from verl.remote_backend.dispatch import make_forwarder_dispatch_fn
-from verl.remote_backend.errors import BackendDiedError, BackendOutputError, BackendTimeoutError, ResumeCheckpointError
+from verl.remote_backend.errors import (
+    BackendDiedError,
+    BackendOutputError,
+    BackendTimeoutError,
+    ConfigError,
+    ResumeCheckpointError,
+)
 from verl.remote_backend.guard import BackendGuard
 from verl.remote_backend.output_checks import check_log_prob_output, check_update_output
 from verl.remote_backend.registry import RemoteBackendRegistry
@@ -260,13 +266,17 @@ class RemoteBackendWorker(Worker):
             return None
         backend = self._require_backend()
         if not supports_resume(backend):
-            raise RuntimeError(
-                f"Cannot resume from {local_path}: backend {type(backend).__name__!r} has no "
-                "`async load_checkpoint(path, step)`. Set trainer.resume_mode=disable."
+            raise ConfigError(
+                f"trainer.resume_mode: the run would resume from {local_path}, but backend "
+                f"{type(backend).__name__!r} has no `async load_checkpoint(path, step)`. "
+                "Fix: set trainer.resume_mode=disable"
             )
         step = parse_global_step(local_path)
         if step is None:
-            raise ValueError(f"Checkpoint path {local_path!r} has no global_step_<N> component")
+            raise ResumeCheckpointError(
+                f"checkpoint path {local_path!r} has no global_step_<N> component: verl resumes only from "
+                "the global_step_<N> folders it saves"
+            )
         try:
             await self._call("load_checkpoint", lambda: backend.load_checkpoint(local_path, step))
         except (BackendTimeoutError, BackendDiedError, ResumeCheckpointError):

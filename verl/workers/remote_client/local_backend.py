@@ -95,7 +95,7 @@ class LocalBackend(RemoteBackend):
             ValueError: ``handle`` is not a local-backend handle.
         """
         if handle is not None:
-            if not isinstance(handle, dict) or handle.get("kind") != _HANDLE_KIND or "actor" not in handle:
+            if not isinstance(handle, dict) or handle.get("backend") != _HANDLE_KIND or "actor" not in handle:
                 raise ValueError(
                     "handle is not a local-backend handle (expected the dict from LocalBackend.reconnect_handle())"
                 )
@@ -132,10 +132,10 @@ class LocalBackend(RemoteBackend):
         return cls(actor, owner=True, info={**info, "ray_log_dir": ray_log_dir()})
 
     def reconnect_handle(self) -> dict[str, Any]:
-        """``{"kind": "local", "actor": <Ray actor handle>, "info": {...}}`` - picklable."""
+        """``{"backend": "local", "actor": <Ray actor handle>, "info": {...}}`` - picklable."""
         if self._destroyed:
             raise RuntimeError("this LocalBackend was destroyed; it has no engine to reconnect to")
-        return {"kind": _HANDLE_KIND, "actor": self._actor, "info": dict(self._info)}
+        return {"backend": _HANDLE_KIND, "actor": self._actor, "info": dict(self._info)}
 
     async def destroy(self) -> None:
         """Kill the engine if this client created it; otherwise only forget it. Idempotent."""

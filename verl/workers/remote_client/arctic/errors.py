@@ -1,6 +1,6 @@
 """Errors of the ``arctic`` backend: each an :class:`~verl.remote_backend.errors.BackendError`.
 
-The adapter turns transport exceptions into these (:mod:`.http`), so a verl user reads,
+The adapter turns transport exceptions into these (:mod:`.server_http`), so a verl user reads,
 in one line, the op, the server address and the server's own detail.
 """
 
