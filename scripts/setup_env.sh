@@ -3,7 +3,7 @@
 # verl-remote-backend into it with the extras given as $1 (default: "test"; "base" = no extra:
 # what the main job needs, without arctic-platform and deepspeed).
 #
-# The environment lives outside the checkout, keyed by a hash of pyproject.toml,
+# The environment lives outside the checkout, keyed by a hash of pyproject.toml's dependencies,
 # so a repeat run with unchanged dependencies only reinstalls our own files
 # (seconds). Override its location with VRB_VENV=/path. Prints the venv path last.
 set -euo pipefail
@@ -14,7 +14,14 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=cached_venv.sh
 source "$repo/scripts/cached_venv.sh"
 
-key="$(sha256sum < "$repo/pyproject.toml" | cut -c1-12)-${extras//[^a-z,]/}"
+# Keyed by what pip resolves (build system, Python, dependencies, extras), not by the whole
+# pyproject.toml, so editing tool settings (pytest markers, timeouts) reuses the environment.
+deps="$($(find_python) -c 'import json, sys, tomllib
+p = tomllib.load(open(sys.argv[1], "rb"))
+proj = p["project"]
+print(json.dumps([p["build-system"], proj.get("requires-python"), proj.get("dependencies"),
+                  proj.get("optional-dependencies")], sort_keys=True))' "$repo/pyproject.toml")"
+key="$(echo "$deps" | sha256sum | cut -c1-12)-${extras//[^a-z,]/}"
 venv="${VRB_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/verl-remote-backend/venv-$key}"
 
 spec="$repo[$extras]"
