@@ -93,11 +93,14 @@ class StubBackend(RemoteBackend):
         """A subclass with ``knobs`` as class attributes and its own empty ``calls`` / ``SCRIPT``."""
         return type(name, (cls,), {"calls": [], "SCRIPT": {}, **knobs})
 
-    def __init__(self, engine_dir: str, *, owner: bool) -> None:
-        """Use :meth:`from_config`. ``engine_dir``: the engine's marker folder; ``owner``: this
-        client created the engine (its ``destroy`` removes the folder)."""
+    def __init__(self, engine_dir: Optional[str] = None) -> None:
+        """``StubBackend()``: a new engine and its owning client (what ``from_config(cfg)``
+        returns); ``engine_dir``: a client re-attached to that engine's marker folder."""
+        self._owner = engine_dir is None
+        if engine_dir is None:
+            engine_dir = tempfile.mkdtemp(prefix="vrb_stub_engine_")
+            _OWNED_ENGINES.add(engine_dir)
         self._engine_dir = engine_dir
-        self._owner = owner
         self._destroyed = False
 
     # ------------------------------------------------------------ lifecycle
@@ -109,12 +112,10 @@ class StubBackend(RemoteBackend):
             ValueError: ``handle`` is not a stub handle from :meth:`reconnect_handle`.
         """
         if handle is None:
-            engine_dir = tempfile.mkdtemp(prefix="vrb_stub_engine_")
-            _OWNED_ENGINES.add(engine_dir)
-            return cls(engine_dir, owner=True)
+            return cls()
         if not isinstance(handle, dict) or handle.get("kind") != _HANDLE_KIND or not handle.get("engine"):
             raise ValueError(f"handle {handle!r} is not a stub handle (expected the dict from StubBackend.reconnect_handle())")
-        return cls(str(handle["engine"]), owner=False)
+        return cls(str(handle["engine"]))
 
     def reconnect_handle(self) -> dict[str, Any]:
         """``{"kind": "stub", "engine": <marker folder>}``."""
