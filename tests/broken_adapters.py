@@ -1,7 +1,8 @@
 """Deliberately broken adapters, one per conformance-kit check category: each is the real local
 backend with one contract violation an adapter author could plausibly make. ``BROKEN`` maps a
 registered name to the one check that must catch it. Imported in Ray workers through
-``VERL_USE_EXTERNAL_MODULES=broken_adapters`` (the kit re-attaches in other processes)."""
+``VERL_USE_EXTERNAL_MODULES=broken_adapters`` (the kit re-attaches in other processes), which is
+also why the suite's honest stub is registered here, as :data:`STUB_NAME`."""
 
 from __future__ import annotations
 
@@ -9,12 +10,15 @@ import dataclasses
 
 import torch
 
+from stub_backend import StubBackend
 from verl.remote_backend import RemoteBackendRegistry
 from verl.workers.remote_client.local_backend import LocalBackend
 
 #: registered name -> the check that must fail (and no other)
 BROKEN = {
     "broken-attached-destroy": "1.attached-destroy",
+    "broken-attached-stays-open": "1.attached-destroy",
+    "broken-owner-destroy": "1.owner-destroy",
     "broken-non-tensor": "2.layout",
     "broken-off-by-one": "2.alignment",
     "broken-nondeterministic": "3.repeat",
@@ -32,6 +36,26 @@ class KillsEngineFromAnyClient(LocalBackend):
 
     async def destroy(self) -> None:
         self._owner = True
+        await super().destroy()
+
+
+@RemoteBackendRegistry.register("broken-attached-stays-open")
+class AttachedClientIgnoresDestroy(LocalBackend):
+    """destroy() of a re-attached client does nothing: its later calls still reach the engine."""
+
+    async def destroy(self) -> None:
+        if self._owner:
+            await super().destroy()
+
+
+@RemoteBackendRegistry.register("broken-owner-destroy")
+class LeavesEngineRunning(LocalBackend):
+    """destroy() of the creating client only drops its own connection, as a re-attached one
+    does: the engine runs on for every client still attached (Ray stops the actor only when
+    the last handle is gone)."""
+
+    async def destroy(self) -> None:
+        self._owner = False
         await super().destroy()
 
 
@@ -123,3 +147,8 @@ class AlwaysUnhealthy(LocalBackend):
 
     async def health(self) -> None:
         raise ConnectionError("health endpoint not implemented")
+
+
+#: the suite's contract double (tests/stub_backend.py), honest: the kit's model-free checks pass
+STUB_NAME = "conformance-stub"
+RemoteBackendRegistry.register(STUB_NAME)(StubBackend.variant("ConformanceStub"))

@@ -184,9 +184,11 @@ def forwarder(model_dir, monkeypatch):
     cfg = compose(["trainer.remote_backend=test-recording", f"actor_rollout_ref.model.path={model_dir}"])
     worker = worker_module.RemoteBackendWorker(cfg.actor_rollout_ref, role="actor_rollout")
     worker.init_model()
-    worker.attach_backend(cfg, {})
+    owner = _RecordingBackend.from_config(cfg)  # what the trainer creates; the forwarder re-attaches
+    worker.attach_backend(cfg, owner.reconnect_handle())
     _RecordingBackend.calls.clear()
     yield worker
+    asyncio.run(owner.destroy())
     RemoteBackendRegistry.unregister("test-recording")
 
 
@@ -198,7 +200,9 @@ def test_a_backend_without_the_capability_gets_the_fetched_tensordict(forwarder)
     (seen,) = _seen()
     assert not accepts_batch_refs(_RecordingBackend)
     assert not isinstance(seen, BatchRef) and "no_lora_adapter" not in seen.keys()
-    assert out["log_probs"].offsets().tolist() == [0, 5, 12] and out["entropy"].values().tolist() == [float(i) for i in range(12)]
+    assert out["log_probs"].offsets().tolist() == [0, 5, 12] and out["entropy"].values().tolist() == [
+        0.0, 1.0, 2.0, 3.0, 0.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 0.0  # rows' last slots 0
+    ]
 
 
 def test_a_capable_backend_gets_the_reference_and_step_timing_reaches_update_metrics(forwarder, monkeypatch):

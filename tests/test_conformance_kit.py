@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from broken_adapters import BROKEN
-from verl.remote_backend.testing.conformance import CHECKS, run_conformance, kit_config
+from broken_adapters import BROKEN, STUB_NAME
+from verl.remote_backend.testing.conformance import CHECKS, KitOptions, run_conformance, kit_config
 
 pytestmark = pytest.mark.slow
 
@@ -45,7 +45,7 @@ def test_the_kit_passes_for_the_local_backend_from_the_command_line(tmp_path):
     statuses = _report_lines(proc.stdout)
     assert set(statuses) == set(CHECKS), out[-4000:]
     assert all(status == "PASS" for status in statuses.values()), statuses
-    assert "backend 'local': 23 passed, 0 failed" in proc.stdout
+    assert "backend 'local': 24 passed, 0 failed" in proc.stdout
 
 
 def test_the_readme_adapter_passes_as_pytest_tests_from_its_own_file(tmp_path):
@@ -90,6 +90,25 @@ def test_a_broken_adapter_fails_exactly_the_check_meant_to_catch_it(kit_ray, tin
     line = failed[0].line()
     assert line.startswith("FAIL") and BROKEN[name] in line and "contract:" in line, line
     assert failed[0].detail, line  # the measured value or what the backend did
+
+
+#: the checks that need a real model, deselected for the model-free stub, and why
+STUB_NEEDS_A_MODEL = {
+    "2.alignment": "sampler-vs-trainer parity needs a model: the stub's sampler and trainer report the same "
+    "constant log-prob, so their agreement says nothing about slot alignment",
+    "4.direction": "learning needs a model: the stub has no weights, so an update moves no log-prob",
+    "4.sampler-follows": "needs a model that learns: the stub's sampler cannot change after update_weights",
+    "6.resume": "restoring needs state: the stub has no weights or optimizer to save and load, so equal "
+    "log-probs after a load would prove nothing",
+}
+
+
+def test_the_stub_backend_passes_every_model_free_check(kit_ray, tiny_model_dir):
+    model_free = [check for check in CHECKS if check not in STUB_NEEDS_A_MODEL]
+    report = run_conformance(STUB_NAME, kit_config(STUB_NAME, model_path=tiny_model_dir), KitOptions(checks=model_free))
+    statuses = {r.check: r.status for r in report.results}
+    assert {check: statuses[check] for check in model_free} == {check: "pass" for check in model_free}, report.text()
+    assert all(report.get(check).detail == "not selected" for check in STUB_NEEDS_A_MODEL), report.text()
 
 
 def test_the_kit_passes_for_arctic_on_the_standin(tmp_path, tiny_model_dir):

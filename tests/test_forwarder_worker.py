@@ -67,12 +67,14 @@ def forwarder(model_dir, monkeypatch):
     )
     worker = worker_module.RemoteBackendWorker(cfg.actor_rollout_ref, role="actor_rollout_ref")
     worker.init_model()
-    worker.attach_backend(cfg, {})
+    owner = EightGpuBackend.from_config(cfg)  # what the trainer creates; the forwarder re-attaches
+    worker.attach_backend(cfg, owner.reconnect_handle())
     yield worker
+    asyncio.run(owner.destroy())
     RemoteBackendRegistry.unregister("test-8gpu")
 
 
-def _batch(lengths=(5, 7), epochs=2):
+def _batch(lengths=(5, 7), epochs=2, response_width=3):
     values = torch.arange(sum(lengths)) % 50 + 3
     offsets = torch.tensor([0, *itertools.accumulate(lengths)])
     td = tu.get_tensordict(
@@ -81,6 +83,9 @@ def _batch(lengths=(5, 7), epochs=2):
             "position_ids": torch.nested.nested_tensor_from_jagged(
                 torch.cat([torch.arange(n) for n in lengths]), offsets=offsets
             ),
+            # what an update needs besides the tokens (the last `response_width` of each row)
+            "advantages": torch.ones(len(lengths), response_width),
+            "response_mask": torch.ones(len(lengths), response_width, dtype=torch.long),
         },
         {"epochs": epochs, "temperature": 0.9, "calculate_entropy": True},
     )
@@ -122,9 +127,9 @@ def test_log_prob_mfu_is_a_third_and_outputs_are_nested(forwarder, model_dir):
     assert metrics["mfu"] == pytest.approx(expected, rel=1e-9)
     log_probs, entropy = out["log_probs"], out["entropy"]
     assert log_probs.is_nested and log_probs.offsets().diff().tolist() == [5, 7]
-    assert entropy.values().tolist() == [float(i) for i in range(12)]
+    assert entropy.values().tolist() == [0.0, 1.0, 2.0, 3.0, 0.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 0.0]  # rows' last slots 0
     ref = asyncio.run(forwarder.compute_ref_log_prob(_batch()))
-    assert set(ref["log_probs"].values().tolist()) == {-2.0}
+    assert ref["log_probs"].values().tolist() == [-2.0] * 4 + [0.0] + [-2.0] * 6 + [0.0]  # the reference's, last slots 0
 
 
 def test_forwarder_passes_verls_values_to_the_backend(forwarder, model_dir):

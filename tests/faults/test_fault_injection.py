@@ -65,16 +65,22 @@ def make_forwarder(model_dir, monkeypatch):
         cfg = config(model_dir, *overrides)
         worker = RemoteBackendWorker(cfg.actor_rollout_ref, role="actor_rollout")
         worker.init_model()
-        worker.attach_backend(cfg, {})
+        worker.attach_backend(cfg, _engine_handle())
         return worker
 
     return make
 
 
+def _engine_handle() -> dict:
+    """A handle to a fresh scripted engine, as the trainer hands it to forwarders and servers
+    (the engine lives until the test process exits)."""
+    return ScriptedBackend.from_config({}).reconnect_handle()
+
+
 def make_server(model_dir, *overrides):
     from verl.workers.rollout.remote_rollout.server import RemoteRolloutServer
 
-    return RemoteRolloutServer(config(model_dir, *overrides), {}, 0)
+    return RemoteRolloutServer(config(model_dir, *overrides), _engine_handle(), 0)
 
 
 def batch(lengths=(5, 7)):

@@ -60,8 +60,9 @@ CHECKS: dict[str, tuple[str, tuple[str, ...]]] = {
     "1.methods": ("all nine methods implemented; the data path, update_weights, save_checkpoint and destroy async; from_config and requires_single_forwarder classmethods", ()),
     "1.handle": ("reconnect_handle() pickles and is small (< 64 KiB)", ()),
     "1.reattach": ("an instance re-attached in another Ray process reaches the same engine (same log-probs)", ("3.repeat",)),
-    "1.attached-destroy": ("destroy() of a re-attached instance leaves the engine running; calling it twice is fine", ()),
+    "1.attached-destroy": ("destroy() of a re-attached instance leaves the engine running and closes that instance (its later calls raise BackendClosedError); calling it twice is fine", ()),
     "1.destroy": ("destroy() is idempotent; later calls raise BackendClosedError", ()),
+    "1.owner-destroy": ("destroy() of the creating instance shuts the engine down: a client re-attached before it can no longer compute", ()),
     "2.layout": ("LogProbResult of float tensors, packed [T] (or NJT), finite, last slot of each row 0", ()),
     "2.entropy": ("entropy returned when asked, finite and >= 0 on response slots", ("2.layout",)),
     "2.alignment": ("compute_log_prob at temperature t equals generate's log-probs of the same tokens at t (slot i = log p(token i+1 | <= i))", ("2.layout", "5.logprobs")),
@@ -214,7 +215,7 @@ class _Kit:
                 ("8.capabilities", self._capabilities), ("4.metrics", self._update_metrics),
                 ("4.direction", self._direction), ("4.sampler-follows", self._sampler_follows),
                 ("6.resume", self._resume), ("7.missing-key", self._missing_key), ("7.wrong-dtype", self._wrong_dtype),
-                ("1.destroy", self._destroy),
+                ("1.destroy", self._destroy), ("1.owner-destroy", self._owner_destroy),
             ]  # fmt: skip
             for check, fn in order:
                 self._check(check, fn)
@@ -375,16 +376,22 @@ class _Kit:
     def _attached_destroy(self) -> str:
         import ray
 
-        ray.get(_attached_destroy_twice.remote(self.name, self.cfg, self.owner.reconnect_handle()), timeout=self.opt.call_timeout_s)
+        after = ray.get(_attached_destroy_twice.remote(self.name, self.cfg, self.owner.reconnect_handle(), self._batch([0]),
+                                                       self.opt.temperature), timeout=self.opt.call_timeout_s)  # fmt: skip
         try:
             self._call(self._log_probs(self.owner, self._batch([0])))
         except Exception as exc:  # noqa: BLE001
             raise CheckFailed(f"after a re-attached instance's destroy() the owner's call raised {type(exc).__name__}: "
                               f"{_first_line(exc)}") from None  # fmt: skip
-        return "engine still answers after a re-attached destroy() (called twice)"
+        closed, raised = after
+        if not closed:
+            did = "succeeded" if raised is None else f"raised {raised}"
+            raise CheckFailed(f"a call on a re-attached instance after its own destroy() {did}, expected BackendClosedError")
+        return "engine still answers after a re-attached destroy() (called twice); that instance then raises BackendClosedError"
 
     def _destroy(self) -> str:
         owner, self.owner = self.owner, None
+        self._attach_before_owner_destroy(owner)
         self._call(owner.destroy())
         self._call(owner.destroy())
         try:
@@ -394,6 +401,32 @@ class _Kit:
         except Exception as exc:  # noqa: BLE001
             raise CheckFailed(f"a call after destroy() raised {type(exc).__name__}, expected BackendClosedError") from None
         raise CheckFailed("a call after destroy() succeeded")
+
+    def _attach_before_owner_destroy(self, owner: RemoteBackend) -> None:
+        """Re-attach a client (in this process) that 1.owner-destroy calls once ``owner`` is destroyed."""
+        try:
+            self.seen["attached_before_destroy"] = self.cls.from_config(self.cfg, handle=owner.reconnect_handle())
+        except Exception as exc:  # noqa: BLE001 - reported by 1.owner-destroy, not by the destroy being measured
+            self.seen["attached_before_destroy"] = exc
+
+    def _owner_destroy(self) -> str:
+        if "attached_before_destroy" not in self.seen:  # 1.destroy did not run: destroy the owner here
+            owner, self.owner = self.owner, None
+            self._attach_before_owner_destroy(owner)
+            self._call(owner.destroy())
+        attached = self.seen.pop("attached_before_destroy")
+        if isinstance(attached, Exception):
+            raise CheckFailed(f"re-attaching from reconnect_handle() raised {type(attached).__name__}: {_first_line(attached)}")
+        try:
+            self._call(self._log_probs(attached, self._batch([0])))
+        except asyncio.TimeoutError:
+            raise CheckFailed(f"after the owner's destroy() a re-attached client's call did not answer within "
+                              f"{self.opt.call_timeout_s:g}s (it must fail)") from None  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - the measured value: any failure means the engine is gone
+            return f"after the owner's destroy() a re-attached client's call raised {type(exc).__name__}: {_first_line(exc)[:100]}"
+        finally:
+            self._run_quietly(attached.destroy())
+        raise CheckFailed("after the owner's destroy() a re-attached client still computes log-probs: the engine was left running")
 
     # ------------------------------------------------------------ 2. log-prob layout
     def _layout(self) -> str:
@@ -688,10 +721,18 @@ def _attached_log_probs_body(name: str, cfg: Any, handle: dict, data: Any, tempe
         asyncio.run(backend.destroy())
 
 
-def _attached_destroy_twice_body(name: str, cfg: Any, handle: dict) -> None:
+def _attached_destroy_twice_body(name: str, cfg: Any, handle: dict, data: Any, temperature: float) -> tuple[bool, Optional[str]]:
+    """Re-attach, destroy twice, then call: (the call raised BackendClosedError, ``"Type: message"``
+    of what it raised or ``None`` when it answered)."""
     backend = RemoteBackendRegistry.get(name).from_config(cfg, handle=handle)
     asyncio.run(backend.destroy())
     asyncio.run(backend.destroy())
+    try:
+        asyncio.run(backend.compute_log_prob(data, ref=False, calculate_entropy=False, rollout_n=1,
+                                             temperature=temperature, pad_token_id=0))  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 - the measured value
+        return isinstance(exc, BackendClosedError), f"{type(exc).__name__}: {_first_line(exc)[:100]}"
+    return False, None
 
 
 class _LazyRemote:
