@@ -113,14 +113,14 @@ class StubBackend(RemoteBackend):
         """
         if handle is None:
             return cls()
-        if not isinstance(handle, dict) or handle.get("kind") != _HANDLE_KIND or not handle.get("engine"):
+        if not isinstance(handle, dict) or handle.get("backend") != _HANDLE_KIND or not handle.get("engine"):
             raise ValueError(f"handle {handle!r} is not a stub handle (expected the dict from StubBackend.reconnect_handle())")
         return cls(str(handle["engine"]))
 
     def reconnect_handle(self) -> dict[str, Any]:
-        """``{"kind": "stub", "engine": <marker folder>}``."""
+        """``{"backend": "stub", "engine": <marker folder>}``."""
         self._check_open("reconnect_handle")
-        return {"kind": _HANDLE_KIND, "engine": self._engine_dir}
+        return {"backend": _HANDLE_KIND, "engine": self._engine_dir}
 
     async def destroy(self) -> None:
         """Owner: stop the engine (remove its folder). Re-attached: only close this client. Idempotent."""
