@@ -55,7 +55,9 @@ def _config(server, name, overrides):
     return compose_config(server["model"], str(server["root"] / name / "ckpt"), server["port"], base + list(overrides))
 
 
-def _batch(tok_vocab, pad, *, epochs, shuffle, entropy, seed=11):
+def _batch(tok_vocab, pad, *, epochs, shuffle, entropy, seed=11, schedule_fields=True):
+    """8 rows with per-row advantages; ``schedule_fields=False``: no mini_batch_size/epochs/seed/
+    dataloader_kwargs (both backends then read the schedule from the actor config)."""
     from verl.utils import tensordict_utils as tu
 
     data = make_batch(
@@ -68,12 +70,10 @@ def _batch(tok_vocab, pad, *, epochs, shuffle, entropy, seed=11):
         seed=seed,
         with_update_fields=True,
     )
+    schedule = dict(mini_batch_size=4, epochs=epochs, seed=3, dataloader_kwargs={"shuffle": shuffle})
     tu.assign_non_tensor(
         data,
-        mini_batch_size=4,
-        epochs=epochs,
-        seed=3,
-        dataloader_kwargs={"shuffle": shuffle},
+        **(schedule if schedule_fields else {}),
         calculate_entropy=entropy,
         global_batch_size=4,
         temperature=TEMPERATURE,
@@ -135,10 +135,14 @@ def _update_difference(initial, ours, theirs):
 # ZoRRo's model is built for response_len = data.max_response_length: the batch's widths.
 ZORRO_WIDTHS = ("data.max_prompt_length=6", "data.max_response_length=5")
 
+# The batch carries no schedule: ppo_mini_batch_size x rollout.n rows, ppo_epochs, data_loader_seed, shuffle.
+SCHEDULE_FROM_CONFIG = ("actor_rollout_ref.actor.ppo_epochs=2", "actor_rollout_ref.actor.shuffle=true", "actor_rollout_ref.actor.data_loader_seed=5")
+
 # name: (overrides, epochs, shuffle, calculate_entropy)
 CASES = {
     "token-mean/1-micro-batch": (["actor_rollout_ref.actor.loss_agg_mode=token-mean", "remote_backend.arctic.micro_batch_size=4"], 1, False, False),
     "token-mean/4-micro-batches/2-epochs-shuffled": (["actor_rollout_ref.actor.loss_agg_mode=token-mean", "remote_backend.arctic.micro_batch_size=1"], 2, True, False),
+    "token-mean/2-epochs-shuffled/schedule-from-actor-config": (["remote_backend.arctic.micro_batch_size=2", *SCHEDULE_FROM_CONFIG], 2, True, False),
     "token-mean/no-load-balancer": (["remote_backend.arctic.zorro.load_balancer=false", "remote_backend.arctic.micro_batch_size=2"], 1, False, False),
     "token-mean/kl-loss": (["actor_rollout_ref.actor.kl_loss_coef=0.2", "actor_rollout_ref.actor.kl_loss_type=low_var_kl", "remote_backend.arctic.micro_batch_size=2"], 1, False, False),
     "seq-mean-token-sum/2-micro-batches": (["actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum", "remote_backend.arctic.micro_batch_size=2"], 1, False, False),
@@ -154,7 +158,8 @@ def test_update_matches_verls_objective_on_arctics_server_code(server, tmp_path,
     overrides, epochs, shuffle, entropy = CASES[case]
     cfg = _config(server, case.replace("/", "_"), overrides)
     tok = AutoTokenizer.from_pretrained(server["model"])
-    data = _batch(len(tok), tok.pad_token_id, epochs=epochs, shuffle=shuffle, entropy=entropy)
+    data = _batch(len(tok), tok.pad_token_id, epochs=epochs, shuffle=shuffle, entropy=entropy,
+                  schedule_fields="schedule-from-actor-config" not in case)  # fmt: skip
 
     ref, initial, ref_params = _verl_update(cfg, data)
     # verl's own float32 noise: the same objective with another micro-batch split (1 vs 4 rows).

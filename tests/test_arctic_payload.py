@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
+from verl.remote_backend.update_schedule import UpdateSchedule
 from verl.workers.remote_client.arctic import bodies
 from verl.workers.remote_client.arctic.config import ArcticConfig
 from verl.workers.remote_client.arctic.errors import PayloadError
-from verl.workers.remote_client.arctic.bodies import minibatch_indices
 from verl.workers.remote_client.arctic.json_data import to_json_safe
 from verl.workers.remote_client.arctic.metrics import aggregate_update_metrics, map_step_metrics
 from verl.workers.remote_client.arctic.payload import dense_to_packed, full_to_response, njt_to_dense, response_to_full
@@ -122,18 +122,6 @@ def test_response_to_full_places_token_j_at_column_p_plus_j():
         response_to_full(torch.zeros(3), 2)
 
 
-@pytest.mark.parametrize("shuffle,epochs", [(False, 1), (True, 2)])
-def test_minibatch_indices_follow_verls_make_iterator(shuffle, epochs):
-    from verl.utils import tensordict_utils as tu
-
-    td = tu.get_tensordict({"idx": torch.arange(8)})
-    verl_order = [mb["idx"].tolist() for mb in tu.make_iterator(td, 2, epochs, seed=3, dataloader_kwargs={"shuffle": shuffle})]
-    ours = [rows.tolist() for rows in minibatch_indices(8, 2, epochs, 3, {"shuffle": shuffle})]
-    assert ours == verl_order and len(ours) == 4 * epochs
-    with pytest.raises(PayloadError, match="not divisible"):
-        list(minibatch_indices(8, 3))
-
-
 def test_metric_mapping_to_verl_names():
     fwd_bwd = {
         "actor/pg_loss": 0.5,
@@ -175,10 +163,7 @@ def test_update_minibatches_bodies():
             meta=meta,
             pad_token_id=PAD,
             use_kl_loss=True,
-            mini_batch_size=2,
-            epochs=1,
-            seed=0,
-            dataloader_kwargs={"shuffle": False},
+            schedule=UpdateSchedule(mini_batch_size=2, epochs=1, seed=0, shuffle=False),
         )
     )
     assert [mb.rows.tolist() for mb in mbs] == [[0, 1], [2, 3]]

@@ -342,3 +342,67 @@ def test_epochs_and_shuffle_follow_verl_make_iterator(tiny_model_dir):
         runs.append(out["metrics"]["pg_loss"])
     assert runs[0] == runs[1]
     assert runs[0] != runs[2]
+
+
+def test_shuffled_epochs_from_the_actor_config_match_verl_dp_actor_in_make_iterators_order(tiny_model_dir, dist_group):
+    """shuffle=True, 2 mini-batches x 2 epochs, mixed-sign advantages, and a batch that carries no
+    schedule fields (read from the actor config as verl's trainer would): the same per-step gradient
+    norms, the same losses and the same final weights as verl's ``DataParallelPPOActor`` given each
+    epoch's rows in the order verl's own ``make_iterator`` draws them."""
+    import copy
+
+    from omegaconf import OmegaConf
+    from transformers import AutoModelForCausalLM
+
+    from verl import DataProto
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.actor.dp_actor import DataParallelPPOActor
+    from verl.workers.config.optimizer import build_optimizer
+    from verl.workers.remote_client.local.config import EngineSettings
+    from verl.workers.remote_client.local.engine import LocalEngine
+
+    n, mini, epochs, seed, temperature = 8, 4, 2, 13, 0.9
+    cfg = main_config(tiny_model_dir, ppo_mini_batch_size=mini, ppo_micro_batch_size_per_gpu=mini, ppo_epochs=epochs,
+                      shuffle=True, data_loader_seed=seed,
+                      **{"fsdp_config.dtype": "float32", "optim.optimizer": "SGD", "optim.lr": 0.05})  # fmt: skip
+    OmegaConf.update(cfg, "actor_rollout_ref.model.use_remove_padding", False)  # padded path: no flash_attn
+    assert int(cfg.actor_rollout_ref.rollout.n) == 1  # mini-batch rows = ppo_mini_batch_size
+    dense = _update_inputs(tiny_model_dir, n, seed=7, temperature=temperature)
+    assert dense["advantages"][:, 0].unique().numel() == n  # every row pulls its own way
+
+    # verl's order: its own iterator over the row numbers
+    rows = tu.get_tensordict({"row": torch.arange(n)})
+    order = [mb["row"] for mb in tu.make_iterator(rows, mini_batch_size=mini, epochs=epochs, seed=seed,
+                                                  dataloader_kwargs={"shuffle": True})]  # fmt: skip
+    per_epoch = [torch.cat(order[e * n // mini : (e + 1) * n // mini]) for e in range(epochs)]
+    assert per_epoch[0].tolist() != list(range(n)) and per_epoch[0].tolist() != per_epoch[1].tolist()
+
+    # verl's actor: one update_policy per epoch (it does not shuffle), rows in that epoch's order
+    legacy_cfg = copy.deepcopy(cfg)
+    OmegaConf.update(legacy_cfg, "actor_rollout_ref.actor.ppo_epochs", 1)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    actor = DataParallelPPOActor(omega_conf_to_dataclass(legacy_cfg.actor_rollout_ref.actor), model,
+                                 build_optimizer(model.parameters(), omega_conf_to_dataclass(cfg.actor_rollout_ref.actor.optim)))  # fmt: skip
+    keys = ["responses", "response_mask", "input_ids", "attention_mask", "position_ids", "old_log_probs", "advantages"]
+    legacy_grad_norms, legacy_pg = [], []
+    for perm in per_epoch:
+        proto = DataProto.from_dict(tensors={k: dense[k][perm] for k in keys}, meta_info={"temperature": temperature})
+        metrics = actor.update_policy(proto)
+        legacy_grad_norms += list(metrics["actor/grad_norm"])
+        legacy_pg.append(metrics["actor/pg_loss"])  # summed over the epoch's mini-batches
+
+    eng = LocalEngine(EngineSettings.from_main_config(cfg))
+    initial = {k: v.detach().clone() for k, v in eng.model.named_parameters()}
+    td = to_no_padding(dense, calculate_entropy=False, global_batch_size=mini, temperature=temperature)
+    out = eng.update_actor(td, cfg.actor_rollout_ref.actor, temperature=temperature)
+    m = out["metrics"]
+
+    steps = n // mini
+    assert len(m["grad_norm"]) == epochs * steps and eng.optimizer_steps == epochs * steps
+    assert m["grad_norm"] == pytest.approx(legacy_grad_norms, rel=1e-5)
+    assert [sum(m["pg_loss"][e * steps : (e + 1) * steps]) for e in range(epochs)] == pytest.approx(legacy_pg, rel=1e-5, abs=1e-7)
+    legacy_params = dict(model.named_parameters())
+    ours = torch.cat([(p.detach() - initial[k]).flatten() for k, p in eng.model.named_parameters()])
+    theirs = torch.cat([(legacy_params[k].detach() - initial[k]).flatten() for k in initial])
+    assert (ours - theirs).norm() / theirs.norm() < 1e-5

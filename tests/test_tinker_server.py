@@ -213,6 +213,57 @@ def test_negated_advantages_raise_verl_objective(server, tmp_path):
         asyncio.run(backend.destroy())
 
 
+def test_shuffled_epochs_follow_verls_make_iterator_order(server, tmp_path):
+    """shuffle=True, 2 mini-batches x 2 epochs, advantages that differ per row: one update_actor
+    gives the per-step losses and final log-probs of the same model trained one mini-batch per
+    call, unshuffled, in the order verl's own ``make_iterator`` draws (and step 1's loss is verl's
+    objective on verl's first mini-batch)."""
+    from omegaconf import OmegaConf
+
+    from verl.remote_backend.registry import RemoteBackendRegistry
+    from verl.utils import tensordict_utils as tu
+
+    n, mini, epochs, seed = 8, 4, 2, 5
+    cfg = backend_config(server, tmp_path, "actor_rollout_ref.actor.ppo_mini_batch_size=4", "data.train_batch_size=8",
+                         "actor_rollout_ref.actor.optim.lr=0.002", "actor_rollout_ref.actor.optim.weight_decay=0")
+    actor_cfg = OmegaConf.create(OmegaConf.to_container(cfg.actor_rollout_ref.actor, resolve=True))
+    _, _, dense = batch(n, seed=13)
+    rows = tu.get_tensordict({"row": torch.arange(n)})
+    order = [mb["row"] for mb in tu.make_iterator(rows, mini_batch_size=mini, epochs=epochs, seed=seed,
+                                                  dataloader_kwargs={"shuffle": True})]  # fmt: skip
+    assert torch.cat(order[:2]).tolist() != list(range(n))
+    cls = RemoteBackendRegistry.get("tinker")
+    shuffled, ordered = cls.from_config(cfg), cls.from_config(cfg)
+    try:
+        td = to_no_padding(dense)
+        lp0 = run(shuffled.compute_log_prob(td, ref=False, calculate_entropy=False, rollout_n=1, temperature=1.0, pad_token_id=0))
+        new0 = _padded(lp0.log_probs, dense, td)
+        mask = dense["response_mask"].float()
+        g = torch.Generator().manual_seed(4)
+        dense["advantages"] = torch.randn(n, 1, generator=g) * mask
+        dense["old_log_probs"] = (new0 + (torch.rand(new0.shape, generator=g) - 0.5) * 0.4) * mask
+        out = run(shuffled.update_actor(to_no_padding(dense, mini_batch_size=mini, epochs=epochs, seed=seed,
+                                                      dataloader_kwargs={"shuffle": True}),
+                                        actor_config=actor_cfg, pad_token_id=0, rollout_n=1, temperature=1.0))  # fmt: skip
+        want = []
+        for rows_of_step in order:
+            part = to_no_padding(dense[rows_of_step], mini_batch_size=mini, epochs=1, seed=0, dataloader_kwargs={"shuffle": False})
+            want.append(run(ordered.update_actor(part, actor_config=actor_cfg, pad_token_id=0, rollout_n=1, temperature=1.0)))
+        first = order[0]
+        verl_first = _verl_objective(actor_cfg, dense["old_log_probs"][first], new0[first], dense["advantages"][first],
+                                     mask[first], "token-mean")  # fmt: skip
+        assert out.metrics["pg_loss"][0] == pytest.approx(verl_first, rel=1e-4, abs=1e-6)
+        assert out.metrics["pg_loss"] == pytest.approx([w.loss for w in want], rel=1e-4, abs=1e-6)
+        assert out.metrics["grad_norm"] == pytest.approx([w.metrics["grad_norm"][0] for w in want], rel=1e-4)
+        after = [run(b.compute_log_prob(td, ref=False, calculate_entropy=False, rollout_n=1, temperature=1.0, pad_token_id=0))
+                 for b in (shuffled, ordered)]  # fmt: skip
+        assert (after[0].log_probs - lp0.log_probs).abs().max() > 1e-3  # it trained
+        torch.testing.assert_close(after[0].log_probs, after[1].log_probs, rtol=0, atol=1e-5)
+    finally:
+        asyncio.run(shuffled.destroy())
+        asyncio.run(ordered.destroy())
+
+
 # --------------------------------------------------------------------------- sampling and handles
 def test_generate_follows_update_weights_through_a_handle(server, tmp_path):
     from verl.remote_backend.registry import RemoteBackendRegistry

@@ -117,7 +117,8 @@ class RemoteBackend(abc.ABC):
         """One PPO/GRPO policy update on the global batch with verl's policy loss: the
         mini-batches, epochs and optimizer steps that ``actor_config`` (verl's
         ``actor_rollout_ref.actor``) and ``data``'s non-tensor fields (``mini_batch_size``,
-        ``epochs``, ``seed``) ask for. Called by the forwarder."""
+        ``epochs``, ``seed``) ask for, in verl's order: read them with
+        :mod:`verl.remote_backend.update_schedule`. Called by the forwarder."""
 
     @abc.abstractmethod
     async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any]) -> GenerateResult:

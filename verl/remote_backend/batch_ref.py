@@ -18,7 +18,7 @@ import torch
 if TYPE_CHECKING:
     from tensordict import TensorDict
 
-__all__ = ["BatchRef", "non_tensor_fields"]
+__all__ = ["BatchRef", "batch_field", "non_tensor_fields"]
 
 
 def non_tensor_fields(data: "TensorDict") -> dict[str, Any]:
@@ -35,6 +35,17 @@ def non_tensor_fields(data: "TensorDict") -> dict[str, Any]:
         if isinstance(value, NonTensorData) and not isinstance(value.data, (torch.Tensor, np.ndarray)):
             out[key] = value.data
     return out
+
+
+def batch_field(data: "TensorDict | BatchRef", key: str, default: Any = None) -> Any:
+    """A non-tensor field verl set on the batch (``mini_batch_size``, ``epochs``, ``temperature``, ...),
+    unwrapped, or ``default`` when the batch has none. Reads a ``TensorDict`` or a :class:`BatchRef`
+    alike; the one getter the forwarder and the backends use."""
+    if isinstance(data, BatchRef):
+        return data.get(key, default)
+    from verl.utils import tensordict_utils as tu
+
+    return tu.get(data, key, default=default)
 
 
 @dataclass

@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 from tensordict import TensorDict
 
 from verl.remote_backend.base import RemoteBackend, accepts_batch_refs, destroy_backend, supports_resume
-from verl.remote_backend.batch_ref import BatchRef
+from verl.remote_backend.batch_ref import BatchRef, batch_field
 from verl.remote_backend.checkpoints import checkpoints_to_prune, parse_global_step, protected_checkpoint, resume_failure
 from verl.remote_backend.cpu_compat import install_flash_attn_fallback
 from verl.remote_backend.dispatch import make_forwarder_dispatch_fn
@@ -40,6 +40,7 @@ from verl.remote_backend.metrics import normalise_metrics
 from verl.remote_backend.mfu import compute_mfu
 from verl.remote_backend.results import BackendDevice, as_log_prob_result, as_update_result
 from verl.remote_backend.step_timing import StepTiming
+from verl.remote_backend.update_schedule import read_update_schedule
 from verl.remote_backend.wire import WireBatch, to_wire
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
@@ -154,7 +155,7 @@ class RemoteBackendWorker(Worker):
 
     async def _forward(self, data: TensorDict | BatchRef, *, ref: bool) -> TensorDict | WireBatch:
         backend = self._require_backend()
-        calculate_entropy = bool(_field(data, "calculate_entropy", False))
+        calculate_entropy = bool(batch_field(data, "calculate_entropy", False))
         input_ids = _layout(data)
         op = "compute_ref_log_prob" if ref else "compute_log_prob"
         payload = await _payload_for(backend, data)
@@ -196,7 +197,8 @@ class RemoteBackendWorker(Worker):
         (:class:`~verl.remote_backend.step_timing.StepTiming`).
         """
         backend = self._require_backend()
-        epochs = int(_field(data, "epochs", 1) or 1)
+        # MFU counts each token once per epoch: the epochs of the schedule the backend runs
+        epochs = read_update_schedule(data, actor_config=self.config.actor, rollout_n=int(self.config.rollout.n)).epochs
         seqlens_default = sequence_lengths(_layout(data)).tolist()
         payload = await _payload_for(backend, data)
         start = time.perf_counter()
@@ -306,7 +308,7 @@ class RemoteBackendWorker(Worker):
         return await self._guard.call(op, factory)
 
     def _temperature(self, data: TensorDict | BatchRef) -> float:
-        value = _field(data, "temperature", None)
+        value = batch_field(data, "temperature", None)
         return float(self.config.rollout.temperature if value is None else value)
 
     def _mfu(self, device: Optional[BackendDevice], seqlens: list[int], seconds: float, *, forward_only: bool) -> float:
@@ -321,11 +323,6 @@ class RemoteBackendWorker(Worker):
 
 
 # ------------------------------------------------------------ batch access (TensorDict or BatchRef)
-def _field(data: TensorDict | BatchRef, key: str, default: Any) -> Any:
-    """A scalar non-tensor field of the batch (``calculate_entropy``, ``epochs``, ``temperature``, ...)."""
-    return data.get(key, default) if isinstance(data, BatchRef) else tu.get(data, key=key, default=default)
-
-
 def _pop_field(data: TensorDict | BatchRef, key: str, default: Any) -> Any:
     return data.pop(key, default) if isinstance(data, BatchRef) else tu.pop(data, key=key, default=default)
 

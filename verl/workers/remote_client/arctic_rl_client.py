@@ -18,10 +18,12 @@ import arctic_platform.client as arctic_client  # noqa: F401  (fails early with 
 import torch
 
 from verl.remote_backend.base import RemoteBackend
+from verl.remote_backend.batch_ref import batch_field
 from verl.remote_backend.results import BackendDevice, GenerateResult, LogProbResult, UpdateResult
 from verl.remote_backend.registry import RemoteBackendRegistry
 from verl.remote_backend.errors import BackendClosedError, ConfigError, ResumeCheckpointError
 from verl.remote_backend.settings import select
+from verl.remote_backend.update_schedule import read_update_schedule
 from verl.workers.remote_client.arctic import bodies
 from verl.workers.remote_client.arctic import checkpoint as arctic_checkpoint
 from verl.workers.remote_client.arctic.config import ArcticConfig, load_arctic_config
@@ -252,20 +254,17 @@ class ArcticBackend(RemoteBackend):
     async def update_actor(
         self, data: "TensorDict", *, actor_config: Any, pad_token_id: int, rollout_n: int, temperature: float
     ) -> UpdateResult:
-        """verl's PPO loop on Arctic: one ``fwd_bwd`` + ``step`` per mini-batch, epochs x mini-batches."""
+        """verl's PPO loop on Arctic: one ``fwd_bwd`` + ``step`` per optimizer step of the shared
+        update schedule (:mod:`verl.remote_backend.update_schedule`), epochs x mini-batches."""
         op = "update_actor"
         get = functools.partial(select, actor_config)
-        mini = bodies.non_tensor(data, "mini_batch_size", None) or int(get("ppo_mini_batch_size", 1)) * int(rollout_n)
-        epochs = int(bodies.non_tensor(data, "epochs", None) or get("ppo_epochs", 1))
-        seed = bodies.non_tensor(data, "seed", None)
-        seed = int(get("data_loader_seed", 42) if seed is None else seed)
-        loader_kwargs = bodies.non_tensor(data, "dataloader_kwargs", None) or {"shuffle": bool(get("shuffle", False))}
-        entropy = bodies.non_tensor(data, "calculate_entropy", None)
+        schedule = read_update_schedule(data, actor_config=actor_config, rollout_n=rollout_n)
+        entropy = batch_field(data, "calculate_entropy")
         entropy = bool(float(get("entropy_coeff", 0.0) or 0.0) != 0.0 if entropy is None else entropy)
         meta = self._meta(data, rollout_n, temperature, entropy, pad_token_id)
-        if int(mini) != self._mini_batch_rows:
+        if schedule.mini_batch_size != self._mini_batch_rows:
             raise ConfigError(
-                f"verl sent PPO mini-batches of {int(mini)} samples, but Arctic's DeepSpeed job was created for "
+                f"verl sent PPO mini-batches of {schedule.mini_batch_size} samples, but Arctic's DeepSpeed job was created for "
                 f"{self._mini_batch_rows} samples per optimizer step (actor_rollout_ref.actor.ppo_mini_batch_size x "
                 "rollout.n); the server would split them into the wrong micro-batches. Fix: keep "
                 "ppo_mini_batch_size and rollout.n as they were when the backend started"
@@ -277,10 +276,7 @@ class ArcticBackend(RemoteBackend):
             meta=meta,
             pad_token_id=pad_token_id,
             use_kl_loss=bool(get("use_kl_loss", False)),
-            mini_batch_size=int(mini),
-            epochs=epochs,
-            seed=seed,
-            dataloader_kwargs=dict(loader_kwargs),
+            schedule=schedule,
         )
         await self._sleep_sampler()
         losses, per_mb = [], []

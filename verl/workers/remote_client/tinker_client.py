@@ -60,6 +60,7 @@ from verl.remote_backend.registry import RemoteBackendRegistry
 from verl.remote_backend.results import BackendDevice, GenerateResult, LogProbResult, UpdateResult
 from verl.remote_backend.server_process import ServerProcess
 from verl.remote_backend.settings import select
+from verl.remote_backend.update_schedule import optimizer_step_rows, read_update_schedule
 from verl.workers.remote_client.tinker import batch as tb
 from verl.workers.remote_client.tinker.config import (
     TinkerConfig,
@@ -262,19 +263,15 @@ class TinkerBackend(RemoteBackend):
 
     async def update_actor(self, data: "TensorDict", *, actor_config: Any, pad_token_id: int, rollout_n: int,
                            temperature: float) -> UpdateResult:
-        """verl's PPO loop on the server: for each epoch and mini-batch, one ``forward_backward``
+        """verl's PPO loop on the server: for each optimizer step of the shared update schedule
+        (:mod:`verl.remote_backend.update_schedule`: verl's order), one ``forward_backward``
         with per-token advantages (scaled to verl's ``loss_agg_mode``, see :mod:`.tinker.batch`),
         old log-probs and response-mask weights, then one ``optim_step``."""
         op = "update_actor"
         self._check_temperature(temperature, op)
         get = lambda key, default=None: select(actor_config, key, default)  # noqa: E731
         rows = tb.rows_of(data, with_update_fields=True)
-        mini = _non_tensor(data, "mini_batch_size") or int(get("ppo_mini_batch_size", len(rows))) * int(rollout_n)
-        epochs = int(_non_tensor(data, "epochs") or get("ppo_epochs", 1))
-        seed = _non_tensor(data, "seed")
-        seed = int(get("data_loader_seed", 0) if seed is None else seed)
-        loader = _non_tensor(data, "dataloader_kwargs") or {}
-        shuffle = bool(loader.get("shuffle", get("shuffle", False)))
+        steps = optimizer_step_rows(read_update_schedule(data, actor_config=actor_config, rollout_n=rollout_n), len(rows))
         loss_fn = resolved_loss_fn(self._main, self.cfg)
         low, high = clip_thresholds(actor_config)
         loss_cfg = {"clip_low_threshold": low, "clip_high_threshold": high} if loss_fn == "ppo" else None
@@ -283,25 +280,24 @@ class TinkerBackend(RemoteBackend):
         adam = ttypes.AdamParams(**adam_params(actor_config))
         start = time.monotonic()
         losses, metrics = [], {"pg_loss": [], "pg_clipfrac": [], "ppo_kl": [], "grad_norm": [], "lr": []}
-        for epoch in range(epochs):
-            for idx in tb.minibatch_indices(len(rows), int(mini), shuffle=shuffle, seed=seed, epoch=epoch):
-                part = [rows[i] for i in idx]
-                scales = tb.advantage_scales(part, agg, response_width=width, loss_scale_factor=get("loss_scale_factor"))
-                datums = [_datum(r, advantages=[a * c for a in r.advantages]) for r, c in zip(part, scales)]
-                fb = await self._call(op, lambda d=datums: self._train_client().forward_backward(d, loss_fn, loss_cfg).result())
-                st = await self._call(op, lambda: self._train_client().optim_step(adam).result())
-                new_lp = self._slots(op, fb, part)
-                elementwise = self._slots(op, fb, part, key="elementwise_loss")
-                live = [(r, e) for r, e in zip(part, elementwise) if r.mask_sum > 0]
-                loss = sum(sum(e) / r.mask_sum for r, e in live) / max(len(live), 1)
-                losses.append(loss)
-                metrics["pg_loss"].append(loss)
-                for k, v in tb.policy_metrics(part, new_lp, low, high).items():
-                    metrics[k].append(v)
-                step_metrics = dict(getattr(st, "metrics", None) or {})
-                metrics["grad_norm"].append(_metric(step_metrics, "grad_norm"))
-                lr = _metric(step_metrics, "learning_rate")
-                metrics["lr"].append(adam.learning_rate if lr != lr else lr)
+        for step_rows in steps:
+            part = [rows[i] for i in step_rows.tolist()]
+            scales = tb.advantage_scales(part, agg, response_width=width, loss_scale_factor=get("loss_scale_factor"))
+            datums = [_datum(r, advantages=[a * c for a in r.advantages]) for r, c in zip(part, scales)]
+            fb = await self._call(op, lambda d=datums: self._train_client().forward_backward(d, loss_fn, loss_cfg).result())
+            st = await self._call(op, lambda: self._train_client().optim_step(adam).result())
+            new_lp = self._slots(op, fb, part)
+            elementwise = self._slots(op, fb, part, key="elementwise_loss")
+            live = [(r, e) for r, e in zip(part, elementwise) if r.mask_sum > 0]
+            loss = sum(sum(e) / r.mask_sum for r, e in live) / max(len(live), 1)
+            losses.append(loss)
+            metrics["pg_loss"].append(loss)
+            for k, v in tb.policy_metrics(part, new_lp, low, high).items():
+                metrics[k].append(v)
+            step_metrics = dict(getattr(st, "metrics", None) or {})
+            metrics["grad_norm"].append(_metric(step_metrics, "grad_norm"))
+            lr = _metric(step_metrics, "learning_rate")
+            metrics["lr"].append(adam.learning_rate if lr != lr else lr)
         return self._update_result(sum(losses), metrics, data, time.monotonic() - start)
 
     async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any]) -> GenerateResult:
@@ -548,13 +544,6 @@ class TinkerBackend(RemoteBackend):
         except Exception as exc:
             logger.warning("tinker: could not read EOS ids of %s (%s); sampling stops at max_tokens only", path, exc)
         return sorted(set(int(i) for i in ids))
-
-
-def _non_tensor(data: Any, key: str) -> Any:
-    """A non-tensor field verl set on the batch (``mini_batch_size``, ``epochs``, ...), or None."""
-    from verl.utils import tensordict_utils as tu
-
-    return tu.get(data, key, default=None)
 
 
 def _metric(metrics: dict, suffix: str) -> float:

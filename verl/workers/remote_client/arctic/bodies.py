@@ -9,10 +9,11 @@ adapter sends them. See :mod:`.payload` for the layouts.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import torch
 
+from verl.remote_backend.update_schedule import UpdateSchedule, optimizer_step_rows
 from verl.workers.remote_client.arctic.errors import PayloadError
 from verl.workers.remote_client.arctic.json_data import to_json_safe
 from verl.workers.remote_client.arctic.payload import njt_to_dense, response_to_full
@@ -24,13 +25,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FORWARD_PROCESSING",
-    "non_tensor",
     "forward_processing",
     "update_processing",
     "base_meta",
     "dense_batch",
     "update_minibatches",
-    "minibatch_indices",
 ]
 
 # Temperature first (verl divides logits by it before the softmax), then
@@ -47,13 +46,6 @@ def forward_processing() -> dict:
 
 def update_processing(loss_fn: str) -> dict:
     return {"post": list(FORWARD_PROCESSING["post"]), "loss_fn": loss_fn}
-
-
-def non_tensor(data: "TensorDict", key: str, default: Any = None) -> Any:
-    """A non-tensor field verl set on the batch (``mini_batch_size``, ``epochs``, ...), unwrapped."""
-    from verl.utils import tensordict_utils as tu
-
-    return tu.get(data, key, default=default)
 
 
 def _dense_field(data: "TensorDict", key: str) -> torch.Tensor:
@@ -149,21 +141,21 @@ def update_minibatches(
     meta: dict,
     pad_token_id: int,
     use_kl_loss: bool,
-    mini_batch_size: int,
-    epochs: int,
-    seed: Optional[int],
-    dataloader_kwargs: Optional[dict],
+    schedule: UpdateSchedule,
 ) -> Iterator[MiniBatch]:
-    """Split verl's update batch into Arctic ``fwd_bwd`` bodies, one per PPO mini-batch.
+    """Split verl's update batch into Arctic ``fwd_bwd`` bodies, one per optimizer step.
 
     Order and membership of the mini-batches follow verl's actor
-    (:func:`minibatch_indices`). Per-token response tensors go
+    (:func:`~verl.remote_backend.update_schedule.optimizer_step_rows` of ``schedule``). The batch
+    is checked when this is called (``ConfigError``/``PayloadError`` before anything is sent); each
+    body is built when the iterator reaches it. Per-token response tensors go
     full-width (:func:`.payload.response_to_full`), ``loss_mask`` =
     ``response_mask``. ``meta`` gains ``global_batch_size`` (samples per
     mini-batch), ``batch_num_tokens`` (response tokens in this mini-batch),
     ``actor_config`` and ``policy_loss_config`` (JSON) for the server's loss.
     """
     full = dense_batch(data, pad_token_id=pad_token_id, drop_position_ids=arctic.drop_position_ids)
+    steps = optimizer_step_rows(schedule, full["input_ids"].shape[0])
     prompt_width = full["prompts"].shape[1]
     full["responses"] = _dense_field(data, "responses")
     for key in _RESPONSE_KEYS:
@@ -179,8 +171,8 @@ def update_minibatches(
 
     actor_json = to_json_safe(actor_config) or {}
     policy_loss_json = actor_json.get("policy_loss") or {}
-    batch_size = full["input_ids"].shape[0]
-    for rows in minibatch_indices(batch_size, mini_batch_size, epochs, seed, dataloader_kwargs):
+
+    def body(rows: torch.Tensor) -> MiniBatch:
         chunk = {k: v.index_select(0, rows) for k, v in full.items()}
         mb_meta = dict(meta)
         mb_meta.update(
@@ -189,46 +181,7 @@ def update_minibatches(
             actor_config=actor_json,
             policy_loss_config=policy_loss_json,
         )
-        yield MiniBatch(rows=rows, body={"batch": chunk, "meta": mb_meta})
+        return MiniBatch(rows=rows, body={"batch": chunk, "meta": mb_meta})
 
-
-def minibatch_indices(
-    batch_size: int,
-    mini_batch_size: int,
-    epochs: int = 1,
-    seed: Optional[int] = 42,
-    dataloader_kwargs: Optional[Mapping[str, Any]] = None,
-) -> Iterator[torch.Tensor]:
-    """Row indices of each PPO mini-batch, in the order verl's actor visits them.
-
-    Mirrors ``verl.utils.tensordict_utils.make_iterator`` (which the verl actor
-    uses through ``train_mini_batch``): a ``DataLoader`` over ``arange(B)`` with a
-    generator seeded with ``seed`` and ``dataloader_kwargs`` (``shuffle``), run
-    ``epochs`` times. Same construction => same permutation as verl's own actor.
-
-    Yields:
-        int64 ``[mini_batch_size]`` index tensors, ``epochs * B // mini_batch_size`` of them.
-    """
-    from torch.utils.data import DataLoader
-
-    if mini_batch_size <= 0 or batch_size % mini_batch_size != 0:
-        raise PayloadError(
-            f"batch size {batch_size} is not divisible by the PPO mini-batch size {mini_batch_size} "
-            "(actor_rollout_ref.actor.ppo_mini_batch_size x rollout.n)"
-        )
-    if epochs < 1:
-        raise PayloadError(f"epochs must be >= 1 (actor_rollout_ref.actor.ppo_epochs), got {epochs}")
-    generator = None
-    if seed is not None:
-        generator = torch.Generator()
-        generator.manual_seed(int(seed))
-    loader = DataLoader(
-        dataset=torch.arange(batch_size),
-        batch_size=mini_batch_size,
-        collate_fn=lambda rows: rows,
-        generator=generator,
-        **dict(dataloader_kwargs or {}),
-    )
-    for _ in range(epochs):
-        for rows in loader:
-            yield torch.stack(list(rows)).to(torch.int64)
+    # one body in memory at a time: each is a copy of its rows of the whole batch
+    return (body(rows) for rows in steps)

@@ -1,8 +1,9 @@
 """The ``local`` engine's policy update: verl's own PPO objective, mini-batches and micro-batches.
 
-It mirrors what verl 0.7.1's engine worker does for ``update_actor`` on one data-parallel rank,
-calling verl's own iterator, micro-batching and ``ppo_loss`` rather than re-deriving them, so the
-local backend trains exactly as verl would. Pure functions over a model and an optimizer; the
+It mirrors what verl 0.7.1's engine worker does for ``update_actor`` on one data-parallel rank:
+mini-batches in the shared update schedule's order (verl's iterator order), then verl's own
+micro-batching and ``ppo_loss`` rather than re-deriving them, so the local backend trains
+exactly as verl would. Pure functions over a model and an optimizer; the
 engine owns both.
 """
 
@@ -15,6 +16,7 @@ from typing import Any, Callable, Optional
 import torch
 from tensordict import TensorDict
 
+from verl.remote_backend.update_schedule import SCHEDULE_FIELDS, optimizer_step_rows, read_update_schedule
 from verl.utils import tensordict_utils as tu
 from verl.utils.metric import Metric
 
@@ -174,13 +176,16 @@ def train_batch(
 ) -> dict[str, Any]:
     """One ``update_actor``: every mini-batch of every epoch, one optimizer step each.
 
-    Mini-batches come from verl's ``make_iterator`` (same order as verl's actor); the LR
+    Mini-batches and their order come from the shared update schedule
+    (:mod:`verl.remote_backend.update_schedule`: verl's ``make_iterator`` order); the LR
     scheduler steps once per call, after the last optimizer step.
 
     Args:
         data: the global batch (layout of :func:`forward_backward`) with the
             non-tensor fields the trainer sets: ``mini_batch_size`` (or
-            ``num_mini_batch``), ``epochs``, ``seed``, ``dataloader_kwargs``.
+            ``num_mini_batch``), ``epochs``, ``seed``, ``dataloader_kwargs``
+            (absent ones fall back to the actor config, see
+            :func:`~verl.remote_backend.update_schedule.read_update_schedule`).
         on_step: called after each optimizer step (e.g. to count steps).
 
     Returns:
@@ -191,31 +196,18 @@ def train_batch(
     """
     cfg = to_actor_config(actor_config)
     data = data.copy()
-    rows = data.batch_size[0]
-    mini_batch_size = tu.pop(data, "mini_batch_size", default=None)
-    num_mini_batch = tu.pop(data, "num_mini_batch", default=None)
-    epochs = int(tu.pop(data, "epochs", default=cfg.ppo_epochs) or 1)
-    seed = int(tu.pop(data, "seed", default=cfg.data_loader_seed))
-    dataloader_kwargs = tu.pop(data, "dataloader_kwargs", default={"shuffle": cfg.shuffle}) or {}
-    if mini_batch_size is None:
-        mini_batch_size = rows // int(num_mini_batch) if num_mini_batch else cfg.ppo_mini_batch_size * cfg.rollout_n
-    mini_batch_size = int(mini_batch_size)
-    if mini_batch_size <= 0 or rows % mini_batch_size != 0:
-        raise ValueError(
-            f"batch of {rows} rows is not divisible into mini-batches of {mini_batch_size} "
-            "(actor_rollout_ref.actor.ppo_mini_batch_size * rollout.n)"
-        )
+    schedule = read_update_schedule(data, actor_config=cfg, rollout_n=cfg.rollout_n)
+    steps = optimizer_step_rows(schedule, data.batch_size[0])
+    for key in SCHEDULE_FIELDS:  # as verl's worker: the mini-batches do not carry the schedule
+        tu.pop(data, key, default=None)
 
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    total = rows // mini_batch_size * epochs
     per_step: list[dict[str, float]] = []
     token_num = data["input_ids"].offsets().diff().tolist()
     loss_total, lr = 0.0, None
-    iterator = tu.make_iterator(
-        data, mini_batch_size=mini_batch_size, epochs=epochs, seed=seed, dataloader_kwargs=dict(dataloader_kwargs)
-    )
-    for idx, mini_batch in enumerate(iterator):
+    for idx, rows in enumerate(steps):
+        mini_batch = tu.index_select_tensor_dict(data, rows)
         out = forward_backward(
             model, mini_batch, cfg, temperature=temperature, pad_token_id=pad_token_id, autocast_dtype=autocast_dtype
         )
@@ -224,7 +216,7 @@ def train_batch(
         step_metrics["loss"] = out["loss"]
         if on_step is not None:
             on_step()
-        if idx == total - 1 and lr_scheduler is not None:
+        if idx == len(steps) - 1 and lr_scheduler is not None:
             lr_scheduler.step()
             lr = float(lr_scheduler.get_last_lr()[0])
         loss_total += out["loss"]

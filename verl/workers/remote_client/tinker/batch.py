@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Row", "rows_of", "advantage_scales", "packed_from_slots", "minibatch_indices", "policy_metrics"]
+__all__ = ["Row", "rows_of", "advantage_scales", "packed_from_slots", "policy_metrics"]
 
 
 @dataclass
@@ -117,17 +117,6 @@ def align_right(values: list, n: int) -> list[float]:
     if any(v is None for v in tail):
         raise ValueError("the server returned None for a scored position")
     return [float(v) for v in tail]
-
-
-def minibatch_indices(n: int, mini: int, *, shuffle: bool, seed: int, epoch: int) -> list[list[int]]:
-    """Row indices of each PPO mini-batch of one epoch (a seeded permutation when ``shuffle``)."""
-    if mini <= 0 or n % mini:
-        raise ValueError(f"the batch of {n} samples does not split into mini-batches of {mini}")
-    order = list(range(n))
-    if shuffle:
-        gen = torch.Generator().manual_seed(int(seed) + int(epoch))
-        order = torch.randperm(n, generator=gen).tolist()
-    return [order[i : i + mini] for i in range(0, n, mini)]
 
 
 def policy_metrics(rows: list[Row], new_log_probs: list[list[float]], clip_low: float, clip_high: float) -> dict[str, float]:
