@@ -112,8 +112,8 @@ def run(
             return sum(len(o.token_ids) for o in outs)
 
         async def direct_pass() -> int:
-            outs = await asyncio.gather(*[direct.generate(p, params) for p in prompts])  # the engine actor's dicts
-            return sum(len(o["token_ids"]) for o in outs)
+            outs = await asyncio.gather(*[direct.generate(p, params) for p in prompts])  # the engine actor's results
+            return sum(len(o.token_ids) for o in outs)
 
         async def measure() -> tuple[float, float, int, int]:
             await backend.generate(prompts[0], {"max_tokens": 4})

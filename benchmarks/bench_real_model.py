@@ -243,7 +243,6 @@ def _training(
 
     from benchmarks.bench_forwarding import compose_config
     from verl.remote_backend.mfu import compute_mfu
-    from verl.remote_backend.results import BackendDevice
     from verl.remote_backend.testing.batches import dense_rollout_batch, to_no_padding
 
     outs = engine.sample([engine.make_request(p, {"max_tokens": max_tokens, "temperature": 1.0, "seed": i})
@@ -316,7 +315,7 @@ def _training(
         "plain": plain_log_prob,
     }, repeats=repeats, warmup=0)
     t_lp, t_lp_plain = lp_times["engine"], lp_times["plain"]
-    reported = compute_mfu(counter, seqlens, t_lp, BackendDevice.from_dict(engine.device_report()), forward_only=True)
+    reported = compute_mfu(counter, seqlens, t_lp, engine.device_report(), forward_only=True)
     independent = frac(seqlens, t_lp, forward_only=True)
     case = f"{rows} rollouts ({sum(seqlens)} tokens), micro-batch {micro}"
     return [

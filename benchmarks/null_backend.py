@@ -22,7 +22,8 @@ from typing import Any, Optional
 import torch
 
 from verl.remote_backend.registry import RemoteBackendRegistry
-from verl.workers.remote_client.local.transport import outputs_to_numpy
+from verl.remote_backend.results import BackendDevice, GenerateResult, LogProbResult, UpdateResult
+from verl.workers.remote_client.local.transport import LogProbWire
 from verl.workers.remote_client.local_backend import LocalBackend
 
 __all__ = ["NAME", "NullBackend", "NullEngineActor", "worker_env"]
@@ -41,7 +42,7 @@ def _tokens(data: Any) -> int:
     return int(data["input_ids"].values().shape[0])
 
 
-_DEVICE = {"type": "cpu", "count": 1, "peak_flops": None, "name": None}
+_DEVICE = BackendDevice("cpu", 1)
 
 
 class NullEngineActor:
@@ -52,33 +53,33 @@ class NullEngineActor:
     """
 
     async def info(self) -> dict[str, Any]:
-        return {"model_path": None, "device": _DEVICE, "pid": os.getpid()}
+        return {"model_path": None, "device": _DEVICE.to_dict(), "pid": os.getpid()}
 
-    async def compute_log_prob(self, data: Any, *, ref: bool, calculate_entropy: bool, temperature: float) -> dict:
+    async def compute_log_prob(
+        self, data: Any, *, ref: bool, calculate_entropy: bool, temperature: float
+    ) -> LogProbWire:
         start = time.perf_counter()
         total = _tokens(data)
-        out = {"log_probs": torch.zeros(total)}
-        if calculate_entropy:
-            out["entropy"] = torch.zeros(total)
-        result = {"model_output": out, "metrics": {}, "device": _DEVICE, "compute_s": time.perf_counter() - start}
-        return outputs_to_numpy(result)  # the engine actor's wire format (local/transport.py)
+        entropy = torch.zeros(total) if calculate_entropy else None
+        result = LogProbResult(torch.zeros(total), entropy, device=_DEVICE, compute_s=time.perf_counter() - start)
+        return LogProbWire.of(result)  # the engine actor's wire format (local/transport.py)
 
-    async def update_actor(self, data: Any, *, actor_config: Any, temperature: float) -> dict:
+    async def update_actor(self, data: Any, *, actor_config: Any, temperature: float) -> UpdateResult:
         start = time.perf_counter()
         lengths = data["input_ids"].offsets().diff().tolist()
-        return {
-            "loss": 0.0,
-            "metrics": {"pg_loss": [0.0], "grad_norm": 0.0},
-            "global_token_num": lengths,
-            "device": _DEVICE,
-            "compute_s": time.perf_counter() - start,
-        }
+        return UpdateResult(
+            metrics={"pg_loss": [0.0], "grad_norm": 0.0},
+            loss=0.0,
+            global_token_num=lengths,
+            device=_DEVICE,
+            compute_s=time.perf_counter() - start,
+        )
 
     async def update_weights(self) -> dict:
         return {"policy_version": 0}
 
-    async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any]) -> dict:
-        return {"token_ids": [], "log_probs": None, "stop_reason": "completed"}
+    async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any]) -> GenerateResult:
+        return GenerateResult(token_ids=[])
 
     async def save_checkpoint(self, path: str, step: Optional[int]) -> str:
         return path

@@ -170,16 +170,16 @@ def test_update_matches_verls_objective_on_arctics_server_code(server, tmp_path,
 
     steps = epochs * ROWS // 4
     rel = _update_difference(initial, {k: params[k] for k in initial}, ref_params)
-    print(f"{case}: loss {out.loss:.6g} vs {ref['loss']:.6g}; grad_norm {out.metrics['grad_norm']} vs "
-          f"{ref['metrics']['grad_norm']}; update rel. diff {rel:.2e} (verl's own split noise {noise:.2e})")  # fmt: skip
+    print(f"{case}: loss {out.loss:.6g} vs {ref.loss:.6g}; grad_norm {out.metrics['grad_norm']} vs "
+          f"{ref.metrics['grad_norm']}; update rel. diff {rel:.2e} (verl's own split noise {noise:.2e})")  # fmt: skip
     assert len(out.metrics["grad_norm"]) == steps
-    assert out.metrics["grad_norm"] == pytest.approx(ref["metrics"]["grad_norm"], rel=1e-5)
+    assert out.metrics["grad_norm"] == pytest.approx(ref.metrics["grad_norm"], rel=1e-5)
     # Adam turns the round-off of near-zero gradient entries into O(lr) steps: bound by verl's own split
     # noise (x10: the packed forward sums in yet another order), at least 3e-5; a wrong objective is >1e-2.
     assert rel <= max(3e-5, 10 * noise), f"parameter update differs from verl's by {rel:.2e} (verl's own noise {noise:.2e})"
     if "seq-mean" not in case:  # Arctic reports loss metrics as token-means whatever the aggregation (README)
-        assert out.loss == pytest.approx(ref["loss"], rel=1e-5, abs=1e-7)
-        assert out.metrics["pg_loss"] == pytest.approx(ref["metrics"]["pg_loss"], rel=1e-5, abs=1e-7)
+        assert out.loss == pytest.approx(ref.loss, rel=1e-5, abs=1e-7)
+        assert out.metrics["pg_loss"] == pytest.approx(ref.metrics["pg_loss"], rel=1e-5, abs=1e-7)
 
 
 @pytest.mark.parametrize(

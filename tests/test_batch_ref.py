@@ -222,23 +222,25 @@ def test_a_capable_backend_gets_the_reference_and_step_timing_reaches_update_met
 def test_local_engine_outputs_travel_as_numpy_and_come_back_as_private_tensors():
     import numpy as np
 
-    from verl.workers.remote_client.local.transport import outputs_to_numpy, outputs_to_torch
+    from verl.remote_backend.results import BackendDevice, LogProbResult
+    from verl.workers.remote_client.local.transport import LogProbWire
 
-    result = {"model_output": {"log_probs": torch.arange(4.0), "entropy": torch.ones(4)}, "metrics": {}}
-    wire = outputs_to_numpy(result)
-    assert all(isinstance(v, np.ndarray) for v in wire["model_output"].values())
-    received = wire["model_output"]["log_probs"]
-    received.setflags(write=False)  # what Ray hands over: a read-only view of the object store
-    back = outputs_to_torch(wire)["model_output"]
-    assert torch.equal(back["log_probs"], torch.arange(4.0)) and torch.equal(back["entropy"], torch.ones(4))
-    back["log_probs"][0] = 7.0  # a private, writable copy
-    assert received[0] == 0.0
+    result = LogProbResult(torch.arange(4.0), torch.ones(4), device=BackendDevice("cpu"), compute_s=0.5)
+    wire = LogProbWire.of(result)
+    assert isinstance(wire.log_probs, np.ndarray) and isinstance(wire.entropy, np.ndarray)
+    wire.log_probs.setflags(write=False)  # what Ray hands over: a read-only view of the object store
+    back = wire.to_result()
+    assert torch.equal(back.log_probs, torch.arange(4.0)) and torch.equal(back.entropy, torch.ones(4))
+    assert back.device == BackendDevice("cpu") and back.compute_s == 0.5
+    back.log_probs[0] = 7.0  # a private, writable copy
+    assert wire.log_probs[0] == 0.0
 
 
 def test_bfloat16_outputs_stay_tensors_on_the_wire():
-    from verl.workers.remote_client.local.transport import outputs_to_numpy, outputs_to_torch
+    from verl.remote_backend.results import LogProbResult
+    from verl.workers.remote_client.local.transport import LogProbWire
 
     values = torch.arange(4.0, dtype=torch.bfloat16)
-    wire = outputs_to_numpy({"model_output": {"log_probs": values}})
-    assert isinstance(wire["model_output"]["log_probs"], torch.Tensor)
-    assert torch.equal(outputs_to_torch(wire)["model_output"]["log_probs"], values)
+    wire = LogProbWire.of(LogProbResult(values))
+    assert isinstance(wire.log_probs, torch.Tensor)
+    assert torch.equal(wire.to_result().log_probs, values)

@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 from remote_e2e import build_model, compose
 from stub_backend import StubBackend
 from verl.remote_backend import BackendDevice, RemoteBackend, RemoteBackendRegistry
+from verl.remote_backend.errors import ConfigError, ResumeCheckpointError
 from verl.utils import tensordict_utils as tu
 
 PEAK = 989e12  # one device, FLOP/s
@@ -150,13 +151,13 @@ def test_checkpoints_are_forwarded_with_verls_path_and_step_and_pruned(forwarder
     assert [Path(p).exists() for p in paths] == [False, True, True]
     asyncio.run(forwarder.load_checkpoint(paths[2]))
     assert _checkpoint_calls()[-1] == ("load_checkpoint", paths[2], 3)
-    with pytest.raises(ValueError, match="global_step_<N>"):
+    with pytest.raises(ResumeCheckpointError, match="global_step_<N>"):
         asyncio.run(forwarder.load_checkpoint(str(tmp_path / "latest" / "actor")))
 
 
 def test_resume_without_the_capability_is_a_clear_error(forwarder, monkeypatch):
     monkeypatch.setattr(EightGpuBackend, "load_checkpoint", RemoteBackend.load_checkpoint)
-    with pytest.raises(RuntimeError, match="resume_mode=disable"):
+    with pytest.raises(ConfigError, match="resume_mode=disable"):
         asyncio.run(forwarder.load_checkpoint("/x/global_step_1/actor"))
 
 

@@ -144,10 +144,10 @@ def test_compute_log_prob_matches_verl_logprobs_from_logits(tiny_model_dir, temp
     out = eng.compute_log_prob(td, ref=False, calculate_entropy=True, temperature=temperature)
 
     ref_lp, ref_ent = _hf_reference(tiny_model_dir, prompts, responses, temperature)
-    assert out["model_output"]["log_probs"].shape == (td["input_ids"].values().numel(),)
-    torch.testing.assert_close(out["model_output"]["log_probs"], ref_lp, atol=1e-5, rtol=0)
-    torch.testing.assert_close(out["model_output"]["entropy"], ref_ent, atol=1e-5, rtol=0)
-    assert out["device"]["type"] == "cpu" and out["device"]["count"] == 1
+    assert out.log_probs.shape == (td["input_ids"].values().numel(),)
+    torch.testing.assert_close(out.log_probs, ref_lp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(out.entropy, ref_ent, atol=1e-5, rtol=0)
+    assert out.device.type == "cpu" and out.device.count == 1
 
 
 def test_reference_log_probs_stay_frozen_while_the_actor_trains(engine):
@@ -260,7 +260,7 @@ def test_update_actor_matches_verl_dp_actor(tiny_model_dir, dist_group, case):
         temperature=temperature,
     )
     out = eng.update_actor(td, cfg.actor_rollout_ref.actor, temperature=temperature)
-    m = out["metrics"]
+    m = out.metrics
 
     # Legacy sums pg_loss/kl_loss over mini-batches; we report one value per optimizer step.
     assert len(m["grad_norm"]) == n // mini
@@ -274,8 +274,8 @@ def test_update_actor_matches_verl_dp_actor(tiny_model_dir, dist_group, case):
         assert sum(m["kl_loss"]) == pytest.approx(legacy_metrics["actor/kl_loss"], rel=1e-5, abs=1e-7)
     if spec["entropy_coeff"]:
         assert m["entropy"] == pytest.approx(legacy_metrics["actor/entropy"], rel=1e-5)
-    assert out["loss"] == pytest.approx(sum(m["loss"]))
-    assert out["global_token_num"] == td["input_ids"].offsets().diff().tolist()
+    assert out.loss == pytest.approx(sum(m["loss"]))
+    assert out.global_token_num == td["input_ids"].offsets().diff().tolist()
 
     legacy_params = dict(legacy_model.named_parameters())
     all_ours, all_theirs = [], []
@@ -319,8 +319,8 @@ def test_micro_batch_accumulation_is_invariant_to_the_micro_batch_size(tiny_mode
         results.append((out, torch.cat([p.detach().flatten() for p in eng.model.parameters()])))
     (base, base_params), *others = results
     for out, params in others:
-        assert out["loss"] == pytest.approx(base["loss"], rel=1e-5)
-        assert out["metrics"]["grad_norm"] == pytest.approx(base["metrics"]["grad_norm"], rel=1e-5)
+        assert out.loss == pytest.approx(base.loss, rel=1e-5)
+        assert out.metrics["grad_norm"] == pytest.approx(base.metrics["grad_norm"], rel=1e-5)
         torch.testing.assert_close(params, base_params, rtol=1e-5, atol=1e-7)
 
 
@@ -337,9 +337,9 @@ def test_epochs_and_shuffle_follow_verl_make_iterator(tiny_model_dir):
         td = to_no_padding(dense, mini_batch_size=4, global_batch_size=4, epochs=2, seed=seed,
                            dataloader_kwargs={"shuffle": True}, calculate_entropy=False)
         out = eng.update_actor(td, cfg.actor_rollout_ref.actor)
-        assert len(out["metrics"]["grad_norm"]) == 4 and eng.optimizer_steps == 4
-        assert out["global_token_num"] == td["input_ids"].offsets().diff().tolist()  # per sample, once
-        runs.append(out["metrics"]["pg_loss"])
+        assert len(out.metrics["grad_norm"]) == 4 and eng.optimizer_steps == 4
+        assert out.global_token_num == td["input_ids"].offsets().diff().tolist()  # per sample, once
+        runs.append(out.metrics["pg_loss"])
     assert runs[0] == runs[1]
     assert runs[0] != runs[2]
 
@@ -396,7 +396,7 @@ def test_shuffled_epochs_from_the_actor_config_match_verl_dp_actor_in_make_itera
     initial = {k: v.detach().clone() for k, v in eng.model.named_parameters()}
     td = to_no_padding(dense, calculate_entropy=False, global_batch_size=mini, temperature=temperature)
     out = eng.update_actor(td, cfg.actor_rollout_ref.actor, temperature=temperature)
-    m = out["metrics"]
+    m = out.metrics
 
     steps = n // mini
     assert len(m["grad_norm"]) == epochs * steps and eng.optimizer_steps == epochs * steps

@@ -86,7 +86,7 @@ def test_returned_log_probs_match_a_forward_pass(engine, temperature):
 
 def test_log_probs_only_when_asked(engine):
     res = engine.generate(PROMPTS[0], {"max_tokens": 3})
-    assert res["log_probs"] is None and len(res["token_ids"]) <= 3
+    assert res.log_probs is None and len(res.token_ids) <= 3
 
 
 def test_top_p_restricts_to_the_nucleus(engine):
@@ -131,8 +131,8 @@ def test_max_tokens_is_capped_at_the_context_left(engine):
 
 
 def test_repetition_penalty_changes_greedy_output(engine):
-    base = engine.generate(PROMPTS[0], {"max_tokens": 12, "temperature": 0})["token_ids"]
-    penal = engine.generate(PROMPTS[0], {"max_tokens": 12, "temperature": 0, "repetition_penalty": 5.0})["token_ids"]
+    base = engine.generate(PROMPTS[0], {"max_tokens": 12, "temperature": 0}).token_ids
+    penal = engine.generate(PROMPTS[0], {"max_tokens": 12, "temperature": 0, "repetition_penalty": 5.0}).token_ids
     assert len(set(penal)) >= len(set(base))
 
 
@@ -145,7 +145,7 @@ def test_rows_leaving_the_batch_early_do_not_disturb_the_others(engine):
     for prompt, m, t, res in zip(PROMPTS, limits, temps, together):
         assert len(res.token_ids) <= m
         if t == 0:
-            alone = engine.generate(prompt, {"max_tokens": m, "temperature": 0})["token_ids"]
+            alone = engine.generate(prompt, {"max_tokens": m, "temperature": 0}).token_ids
             assert res.token_ids == alone
 
 
@@ -169,8 +169,8 @@ def test_requests_joining_a_running_batch_decode_as_if_alone(engine):
     assert len(batch) == 0 and len(results) == len(plan)
     for i, (_, prompt, m) in enumerate(plan):
         alone = engine.generate(prompt, {**greedy, "max_tokens": m})
-        assert results[i].token_ids == alone["token_ids"], i
-        torch.testing.assert_close(torch.tensor(results[i].log_probs), torch.tensor(alone["log_probs"]), atol=1e-5, rtol=0)
+        assert results[i].token_ids == alone.token_ids, i
+        torch.testing.assert_close(torch.tensor(results[i].log_probs), torch.tensor(alone.log_probs), atol=1e-5, rtol=0)
 
 
 def test_a_seeded_request_samples_the_same_tokens_whatever_its_batch_mates_and_order(engine):

@@ -63,9 +63,9 @@ def test_a_request_joining_a_running_batch_gets_its_solo_greedy_tokens(engine):
     results.update(engine.decode_step(batch, [late]))
     while len(batch):
         results.update(engine.decode_step(batch))
-    assert results[99].token_ids == engine.generate(PROMPTS[4], greedy)["token_ids"]
+    assert results[99].token_ids == engine.generate(PROMPTS[4], greedy).token_ids
     for i, p in enumerate(PROMPTS[:4]):
-        assert results[i].token_ids == engine.generate(p, greedy)["token_ids"]
+        assert results[i].token_ids == engine.generate(p, greedy).token_ids
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
@@ -94,7 +94,7 @@ def test_seen_matrix_exists_only_while_a_row_uses_a_repetition_penalty(engine):
         engine.decode_step(batch)
     assert batch.seen is None or len(batch) == 0
     # the penalised row decodes as it does alone
-    alone = engine.generate(PROMPTS[1], penal)["token_ids"]
+    alone = engine.generate(PROMPTS[1], penal).token_ids
     mixed = engine.sample([engine.make_request(PROMPTS[0], {"max_tokens": 6, "temperature": 0}),
                            engine.make_request(PROMPTS[1], penal)])
     assert mixed[1].token_ids == alone
@@ -116,13 +116,13 @@ def test_a_sampler_copy_follows_the_trainer_only_after_sync(tiny_model_dir):
     engine = LocalEngine(engine_settings(tiny_model_dir, backend=LocalBackendConfig(share_sampler_weights=False)))
     assert not engine.shares_sampler_weights
     params = {"max_tokens": 6, "temperature": 0}
-    before = engine.generate(PROMPTS[0], params)["token_ids"]
+    before = engine.generate(PROMPTS[0], params).token_ids
     with torch.no_grad():
         for p in engine.model.parameters():
             p.add_(torch.randn_like(p) * 0.5)
-    assert engine.generate(PROMPTS[0], params)["token_ids"] == before
+    assert engine.generate(PROMPTS[0], params).token_ids == before
     engine.sync_sampler_weights()
-    assert engine.generate(PROMPTS[0], params)["token_ids"] != before
+    assert engine.generate(PROMPTS[0], params).token_ids != before
 
 
 def _independent_forward_flops(config, seqlens: list[int]) -> float:
@@ -141,10 +141,9 @@ def test_reported_mfu_matches_an_independent_flop_count_over_the_measured_peak(e
     from transformers import AutoConfig
 
     from verl.remote_backend.mfu import compute_mfu
-    from verl.remote_backend.results import BackendDevice
     from verl.utils.flops_counter import FlopsCounter
 
-    device = BackendDevice.from_dict(engine.device_report())
+    device = engine.device_report()
     assert device.peak_flops is not None and device.peak_flops > 0
     seqlens = [120, 64, 200, 31]
     ids = torch.nested.nested_tensor_from_jagged(

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Optional
 
 from verl.remote_backend.base import RemoteBackend
-from verl.remote_backend.results import BackendDevice, GenerateResult, LogProbResult, UpdateResult
+from verl.remote_backend.results import GenerateResult, LogProbResult, UpdateResult
 from verl.remote_backend.batch_ref import BatchRef
 from verl.remote_backend.errors import BackendClosedError, ConfigError
 from verl.remote_backend.failure_report import ray_log_dir
@@ -22,7 +22,6 @@ from verl.remote_backend.wire import to_wire
 
 from .local import checkpoint as local_checkpoint
 from .local.config import CONFIG_KEY, EngineSettings, LocalBackendConfig
-from .local.transport import outputs_to_torch
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -182,15 +181,7 @@ class LocalBackend(RemoteBackend):
                 payload, ref=ref, calculate_entropy=calculate_entropy, temperature=temperature
             )
         )
-        raw = outputs_to_torch(result)  # the engine sends numpy (local/transport.py)
-        output = raw["model_output"]
-        return LogProbResult(
-            log_probs=output["log_probs"],
-            entropy=output.get("entropy"),
-            metrics=raw["metrics"],
-            device=BackendDevice.from_dict(raw["device"]),
-            compute_s=raw["compute_s"],
-        )
+        return result.to_result()  # the engine sends numpy (local/transport.py)
 
     async def update_actor(
         self,
@@ -203,18 +194,10 @@ class LocalBackend(RemoteBackend):
     ) -> UpdateResult:
         cfg = self._actor_config(actor_config)  # config errors surface here, before data travels
         payload = data.ref if isinstance(data, BatchRef) else to_wire(data)
-        raw = await _unwrap(self._live().update_actor.remote(payload, actor_config=cfg, temperature=temperature))
-        return UpdateResult(
-            metrics=raw["metrics"],
-            loss=raw["loss"],
-            global_token_num=raw["global_token_num"],
-            device=BackendDevice.from_dict(raw["device"]),
-            compute_s=raw["compute_s"],
-        )
+        return await _unwrap(self._live().update_actor.remote(payload, actor_config=cfg, temperature=temperature))
 
     async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any]) -> GenerateResult:
-        raw = await _unwrap(self._live().generate.remote(list(prompt_ids), dict(sampling_params or {})))
-        return GenerateResult(**raw)
+        return await _unwrap(self._live().generate.remote(list(prompt_ids), dict(sampling_params or {})))
 
     async def update_weights(self) -> dict[str, Any]:
         return await _unwrap(self._live().update_weights.remote())

@@ -11,14 +11,18 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, TypeVar
+
+from verl.remote_backend.results import GenerateResult, LogProbResult, UpdateResult
 
 from .config import EngineSettings
 from .engine import LocalEngine
 from .sampler import SampleRequest
-from .transport import outputs_to_numpy
+from .transport import LogProbWire
 
 __all__ = ["EngineActor", "remote_engine_class"]
+
+R = TypeVar("R", LogProbResult, UpdateResult)
 
 
 class EngineActor:
@@ -56,13 +60,15 @@ class EngineActor:
             raise self.init_error
         return {**self.engine.info(), "batches_run": self.batches_run}
 
-    async def compute_log_prob(self, data: Any, *, ref: bool, calculate_entropy: bool, temperature: float) -> dict:
+    async def compute_log_prob(
+        self, data: Any, *, ref: bool, calculate_entropy: bool, temperature: float
+    ) -> LogProbWire:
         result = await asyncio.to_thread(
             _timed, self.engine.compute_log_prob, data, ref=ref, calculate_entropy=calculate_entropy, temperature=temperature
         )
-        return outputs_to_numpy(result)  # the client turns them back into tensors (transport.py)
+        return LogProbWire.of(result)  # numpy through the object store; the client rebuilds the result
 
-    async def update_actor(self, data: Any, *, actor_config: Any, temperature: float) -> dict:
+    async def update_actor(self, data: Any, *, actor_config: Any, temperature: float) -> UpdateResult:
         fn = functools.partial(_timed, self.engine.update_actor, data, actor_config, temperature=temperature)
         if not self.engine.shares_sampler_weights:
             return await asyncio.to_thread(fn)
@@ -74,13 +80,13 @@ class EngineActor:
     async def load_checkpoint(self, path: str, step: Optional[int]) -> dict:
         return await self._with_sampler_drained(functools.partial(self.engine.load_checkpoint, path, step))
 
-    async def generate(self, prompt_ids: Sequence[int], sampling_params: dict[str, Any]) -> dict[str, Any]:
+    async def generate(self, prompt_ids: Sequence[int], sampling_params: dict[str, Any]) -> GenerateResult:
         """Validate (raising ``ValueError`` before any work), enqueue, await the result."""
         request = self.engine.make_request(prompt_ids, sampling_params)
         future = asyncio.get_running_loop().create_future()
         self._pending.append((future, request))
         self._ensure_batcher().set()
-        return (await future).to_dict()
+        return (await future).to_result()
 
     async def update_weights(self) -> dict:
         """Sync the sampler once the running decode batch has drained.
@@ -159,13 +165,13 @@ class EngineActor:
             seen = len(self._pending)
 
 
-def _timed(op: Callable[..., dict], *args: Any, **kwargs: Any) -> dict:
-    """Run ``op`` and add ``compute_s`` to its result: the seconds spent computing, measured in
+def _timed(op: Callable[..., R], *args: Any, **kwargs: Any) -> R:
+    """Run ``op`` and set its result's ``compute_s``: the seconds spent computing, measured in
     the compute thread itself so that Ray transport and thread hand-off stay on the plugin's
-    side of the ledger (the client reports it as the result's ``compute_s``)."""
+    side of the ledger."""
     start = time.perf_counter()
     result = op(*args, **kwargs)
-    result["compute_s"] = time.perf_counter() - start
+    result.compute_s = time.perf_counter() - start
     return result
 
 

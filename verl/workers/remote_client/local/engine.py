@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from verl.remote_backend.base import BackendDevice
+from verl.remote_backend.results import BackendDevice, GenerateResult, LogProbResult, UpdateResult
 from verl.remote_backend.errors import ConfigError
 from verl.remote_backend.mfu import measure_matmul_flops
 
@@ -125,21 +125,21 @@ class LocalEngine:
         return model
 
     # ------------------------------------------------------------------ info
-    def device_report(self) -> dict[str, Any]:
-        """``BackendDevice`` dict of the device this engine computes on (for MFU); ``peak_flops`` is
+    def device_report(self) -> BackendDevice:
+        """The ``BackendDevice`` of the device this engine computes on (for MFU); ``peak_flops`` is
         the dense matmul rate measured at start in the model's dtype (:func:`measure_matmul_flops`)."""
         if self.device.type == "cuda":
             name = torch.cuda.get_device_name(self.device)
         else:
             name = platform.processor() or platform.machine() or None
         peak = float(self.peak_flops) if np.isfinite(self.peak_flops) and self.peak_flops > 0 else None
-        return BackendDevice(self.device.type, 1, peak, name).to_dict()
+        return BackendDevice(self.device.type, 1, peak, name)
 
     def info(self) -> dict[str, Any]:
         """Small status dict: model, device, counters, limits (used by the client and tests)."""
         return {
             "model_path": self.settings.model_path,
-            "device": self.device_report(),
+            "device": self.device_report().to_dict(),
             "policy_version": self.policy_version,
             "optimizer_steps": self.optimizer_steps,
             "global_step": self.global_step,
@@ -211,17 +211,17 @@ class LocalEngine:
 
     def compute_log_prob(
         self, data: TensorDict, *, ref: bool, calculate_entropy: bool, temperature: float
-    ) -> dict[str, Any]:
-        """The contract's ``compute_log_prob`` result: ``{"model_output", "metrics", "device"}``."""
+    ) -> LogProbResult:
+        """The contract's ``compute_log_prob`` result (packed ``[T]`` log-probs, entropy when asked)."""
         out = self.log_probs(data, ref=ref, temperature=temperature, calculate_entropy=calculate_entropy)
-        return {"model_output": out, "metrics": {}, "device": self.device_report()}
+        return LogProbResult(log_probs=out["log_probs"], entropy=out.get("entropy"), device=self.device_report())
 
     # ------------------------------------------------------------------ training
-    def update_actor(self, data: TensorDict, actor_config: Any, *, temperature: float = 1.0) -> dict[str, Any]:
+    def update_actor(self, data: TensorDict, actor_config: Any, *, temperature: float = 1.0) -> UpdateResult:
         """The contract's ``update_actor``: all mini-batches/epochs of the batch, then one LR-schedule step.
 
-        Returns ``{"loss", "metrics", "global_token_num", "device"}`` (see
-        :func:`.objective.train_batch`; metrics are per optimizer step lists).
+        Returns the loss, per-optimizer-step metric lists and tokens per sample of
+        :func:`.objective.train_batch`, with the device it ran on.
         """
         cfg = to_actor_config(actor_config)
         with self._train_lock:
@@ -237,8 +237,9 @@ class LocalEngine:
                 autocast_dtype=self.autocast_dtype,
                 on_step=self._count_step,
             )
-        out["device"] = self.device_report()
-        return out
+        return UpdateResult(
+            metrics=out["metrics"], loss=out["loss"], global_token_num=out["global_token_num"], device=self.device_report()
+        )
 
     def _count_step(self) -> None:
         self.optimizer_steps += 1
@@ -301,9 +302,9 @@ class LocalEngine:
             done = batch.admit(admit) if admit else []
             return done + batch.step()
 
-    def generate(self, prompt_ids: Sequence[int], sampling_params: dict[str, Any]) -> dict[str, Any]:
+    def generate(self, prompt_ids: Sequence[int], sampling_params: dict[str, Any]) -> GenerateResult:
         """One request, unbatched (the Ray actor batches concurrent calls instead)."""
-        return self.sample([self.make_request(prompt_ids, sampling_params)])[0].to_dict()
+        return self.sample([self.make_request(prompt_ids, sampling_params)])[0].to_result()
 
     def sync_sampler_weights(self) -> dict[str, Any]:
         """Copy the trained weights into the sampler (nothing to copy when shared); bump and

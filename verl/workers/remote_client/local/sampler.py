@@ -16,6 +16,8 @@ from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
+from verl.remote_backend.results import GenerateResult
+
 from .slot_cache import SlotCache
 
 __all__ = [
@@ -110,8 +112,9 @@ class SampleResult:
     log_probs: Optional[list[float]]
     stop_reason: str = "completed"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"token_ids": self.token_ids, "log_probs": self.log_probs, "stop_reason": self.stop_reason}
+    def to_result(self) -> GenerateResult:
+        """The contract's ``generate`` result for this row."""
+        return GenerateResult(token_ids=self.token_ids, log_probs=self.log_probs, stop_reason=self.stop_reason)
 
 
 def process_logits(

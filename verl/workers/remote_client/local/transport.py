@@ -1,4 +1,4 @@
-"""How per-token outputs travel from the ``local`` engine actor to its client: as numpy arrays.
+"""How the ``local`` engine's log-prob results travel from its Ray actor to its client: as numpy.
 
 ``compute_log_prob`` results are megabytes of per-token floats at RL batch sizes; as numpy they
 go out-of-band through Ray's object store instead of through ``torch.save`` (the conversions are
@@ -8,36 +8,47 @@ nothing downstream holds read-only object-store memory. Pure module (torch + num
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Optional
 
 import numpy as np
 
+from verl.remote_backend.results import BackendDevice, LogProbResult
 from verl.remote_backend.wire import numpy_able, tensor_from_numpy, tensor_to_numpy
 
-__all__ = ["outputs_to_numpy", "outputs_to_torch"]
-
-_KEY = "model_output"
+__all__ = ["LogProbWire"]
 
 
-def outputs_to_numpy(result: dict[str, Any]) -> dict[str, Any]:
-    """Replace the CPU tensors of ``result["model_output"]`` by numpy views (in place; returned).
+@dataclass
+class LogProbWire:
+    """A :class:`LogProbResult` whose per-token tensors are numpy arrays (tensors numpy cannot
+    hold, bfloat16, stay tensors and are pickled the ordinary way)."""
 
-    Tensors numpy cannot hold (bfloat16) stay tensors and are pickled the ordinary way.
-    """
-    outputs = result.get(_KEY)
-    if isinstance(outputs, dict):
-        for key, value in outputs.items():
-            if numpy_able(value):
-                outputs[key] = tensor_to_numpy(value)
-    return result
+    log_probs: Any  # np.ndarray [T] or torch.Tensor
+    entropy: Any = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+    device: Optional[BackendDevice] = None
+    compute_s: Optional[float] = None
+
+    @classmethod
+    def of(cls, result: LogProbResult) -> "LogProbWire":
+        """Built in the engine actor, from the engine's result."""
+        return cls(_out(result.log_probs), _out(result.entropy), result.metrics, result.device, result.compute_s)
+
+    def to_result(self) -> LogProbResult:
+        """Rebuilt in the client: writable tensors (a copy of read-only arrays, i.e. of object-store views)."""
+        return LogProbResult(
+            log_probs=_in(self.log_probs),
+            entropy=_in(self.entropy),
+            metrics=self.metrics,
+            device=self.device,
+            compute_s=self.compute_s,
+        )
 
 
-def outputs_to_torch(result: dict[str, Any]) -> dict[str, Any]:
-    """Inverse of :func:`outputs_to_numpy`: numpy arrays of ``result["model_output"]`` back to
-    writable tensors (a copy of read-only arrays, i.e. views of Ray's object store)."""
-    outputs = result.get(_KEY) if isinstance(result, dict) else None
-    if isinstance(outputs, dict):
-        for key, value in outputs.items():
-            if isinstance(value, np.ndarray):
-                outputs[key] = tensor_from_numpy(value)
-    return result
+def _out(value: Any) -> Any:
+    return tensor_to_numpy(value) if value is not None and numpy_able(value) else value
+
+
+def _in(value: Any) -> Any:
+    return tensor_from_numpy(value) if isinstance(value, np.ndarray) else value
