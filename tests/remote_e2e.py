@@ -43,6 +43,15 @@ def build_model(out_dir: Path) -> str:
     return build_tiny_model(str(out_dir))
 
 
+def external_modules_env(module: str) -> dict[str, str]:
+    """The environment that makes every process of a run import ``tests/<module>.py`` through verl's
+    ``VERL_USE_EXTERNAL_MODULES`` hook (the documented way to register an adapter from outside)."""
+    return {
+        "VERL_USE_EXTERNAL_MODULES": module,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")])),
+    }
+
+
 def load_example(name: str):
     """``examples/gsm8k_remote/<name>.py`` as a module (examples/ is not a package)."""
     path = REPO_ROOT / "examples" / "gsm8k_remote" / f"{name}.py"
@@ -81,6 +90,27 @@ def e2e_assets(root: Path) -> dict[str, str]:
     return {"model": build_model(root / "model"), "train": train, "test": test}
 
 
+#: The smallest remote-backend run: the switch plus what verl's CPU-only remote path needs (verl's
+#: new worker implementation, CPU, one forwarder, the ``remote`` rollout with one replica), GRPO,
+#: and no resume. Tests that compose configs or run the entry point start from these.
+REMOTE_BASE_OVERRIDES = (
+    "trainer.remote_backend=local",
+    "trainer.use_legacy_worker_impl=disable",
+    "trainer.device=cpu",
+    "trainer.n_gpus_per_node=1",
+    "trainer.nnodes=1",
+    "actor_rollout_ref.rollout.name=remote",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+    "algorithm.adv_estimator=grpo",
+    "trainer.resume_mode=disable",
+)
+
+
+def remote_base_overrides(backend: str = "local") -> list[str]:
+    """:data:`REMOTE_BASE_OVERRIDES` with ``trainer.remote_backend=backend``."""
+    return [f"trainer.remote_backend={backend}", *REMOTE_BASE_OVERRIDES[1:]]
+
+
 def small_ci_overrides(
     *,
     model: str,
@@ -97,14 +127,7 @@ def small_ci_overrides(
 ) -> list[str]:
     """Hydra overrides for a few fast GRPO steps on CPU: tiny batches and lengths, one agent-loop
     and one reward worker, no validation, and verl's ``file`` logger on so :func:`run_entry` can read the metrics."""
-    return [
-        f"trainer.remote_backend={backend}",
-        "trainer.use_legacy_worker_impl=disable",
-        "trainer.device=cpu",
-        "trainer.n_gpus_per_node=1",
-        "trainer.nnodes=1",
-        "actor_rollout_ref.rollout.name=remote",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+    return remote_base_overrides(backend) + [
         f"actor_rollout_ref.model.path={model}",
         f"data.train_files={train}",
         f"data.val_files={test}",
@@ -114,7 +137,6 @@ def small_ci_overrides(
         "data.truncation=left",
         "data.filter_overlong_prompts=true",
         "data.dataloader_num_workers=0",
-        "algorithm.adv_estimator=grpo",
         f"actor_rollout_ref.rollout.n={rollout_n}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={batch_size}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={batch_size * rollout_n}",
@@ -127,7 +149,6 @@ def small_ci_overrides(
         f"trainer.total_training_steps={steps}",
         f"trainer.save_freq={save_freq}",
         f"trainer.default_local_dir={ckpt_dir}",
-        "trainer.resume_mode=disable",
         "trainer.project_name=vrb_tests",
         "trainer.experiment_name=e2e",
     ]

@@ -29,12 +29,9 @@ from verl.workers.remote_client.arctic.errors import (
 )
 
 from arctic_standin.harness import compose_config, free_port, make_batch, standin_command, start_standin
+from support.aio import run_async as run
 
 TEMPERATURE = 0.7
-
-
-def run(coro):
-    return asyncio.run(coro)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ batch, weights and optimizer, computed by the local engine (itself checked again
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 
@@ -18,15 +17,12 @@ import pytest
 import torch
 
 from arctic_standin.harness import compose_config, free_port, make_batch, start_standin
+from support.aio import run_async as run
 
 pytestmark = pytest.mark.slow
 
 TEMPERATURE = 0.8
 ROWS = 8  # 4 prompts x rollout.n 2
-
-
-def run(coro):
-    return asyncio.run(coro)
 
 
 @pytest.fixture(scope="module")
