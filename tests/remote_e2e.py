@@ -84,12 +84,6 @@ def build_gsm8k(
     return str(out_dir / "train.parquet"), str(out_dir / "test.parquet")
 
 
-def e2e_assets(root: Path) -> dict[str, str]:
-    """The tiny model and the gsm8k subset under ``root``: ``{"model", "train", "test"}`` paths."""
-    train, test = build_gsm8k(root / "data")
-    return {"model": build_model(root / "model"), "train": train, "test": test}
-
-
 #: The smallest remote-backend run: the switch plus what verl's CPU-only remote path needs (verl's
 #: new worker implementation, CPU, one forwarder, the ``remote`` rollout with one replica), GRPO,
 #: and no resume. Tests that compose configs or run the entry point start from these.
@@ -160,9 +154,15 @@ def verl_grpo_gsm8k_line(
     """verl's own GRPO-on-gsm8k command line (its ``examples/grpo_trainer`` Qwen2 script: vLLM
     rollout with tensor parallel 2, FSDP actor, KL loss, 8 GPUs per node), with only the model and
     data paths and the batch/length/step sizes changed for a CPU box, plus ``trainer.remote_backend``.
-    Every other key is verl's, including the ones that describe verl's own GPU engines: the entry
-    point derives what the remote path needs (``trainer.logger`` keeps wandb; run with
-    ``WANDB_MODE=offline``). ``trainer.default_local_dir`` keeps the run's files in the test folder."""
+    The sizes include verl's worker-process counts: one agent-loop worker, one reward worker and no
+    dataloader workers instead of verl's default 8 each (on 2 cores each extra Ray worker costs
+    ~10 s of imports at start-up and again at the first validation; the count is a machine size,
+    not something the remote path derives). Every other key is verl's, including the ones that
+    describe verl's own GPU engines: the entry point derives what the remote path needs
+    (``trainer.logger`` keeps wandb; run with ``WANDB_MODE=offline``). Like the script, the line
+    validates before training and at the last step and checkpoints at the last step (verl does
+    both at ``is_last_step`` whatever ``test_freq``/``save_freq`` say).
+    ``trainer.default_local_dir`` keeps the run's files in the test folder."""
     return [
         "algorithm.adv_estimator=grpo",
         f"data.train_files={train}",
@@ -204,6 +204,10 @@ def verl_grpo_gsm8k_line(
         f"trainer.total_training_steps={steps}",
         f"trainer.default_local_dir={ckpt_dir}",
         f"trainer.remote_backend={backend}",
+        # sizes for this machine (see the docstring): verl's defaults are 8 each
+        "actor_rollout_ref.rollout.agent.num_workers=1",
+        "reward.num_workers=1",
+        "data.dataloader_num_workers=0",
     ]
 
 
@@ -240,6 +244,11 @@ class RunResult:
             if parsed and parsed[0] == n:
                 return parsed[1]
         raise AssertionError(f"verl printed no metrics line for step {n}")
+
+    def console_steps(self) -> list[int]:
+        """The steps of verl's ``console`` metrics lines, in the order printed (0: validation before training)."""
+        step_metrics = load_example("console_filter").step_metrics
+        return [parsed[0] for parsed in map(step_metrics, self.output.splitlines()) if parsed]
 
     def tail(self, chars: int = 6000) -> str:
         return self.output[-chars:]
