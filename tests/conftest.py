@@ -9,6 +9,7 @@ from typing import Callable, Optional
 
 import pytest
 
+from verl.remote_backend.server_process import ServerProcess
 from remote_e2e import (
     TESTS_DIR,
     RunResult,
@@ -179,3 +180,41 @@ def seeded_local_run(tmp_path_factory, gsm8k_assets) -> Callable[[str], SharedRu
 
     return run
 
+
+@dataclass(frozen=True)
+class ArcticStandIn:
+    """A running Arctic RL stand-in server (tests/arctic_standin): its port, base URL and process."""
+
+    port: int
+    url: str
+    process: ServerProcess
+
+    def calls(self) -> dict[str, int]:
+        """Calls per endpoint since the server started (the stand-in's ``GET /_standin/calls``)."""
+        import requests
+
+        return requests.get(f"{self.url}/_standin/calls", timeout=10).json()
+
+    def jobs(self) -> dict:
+        """The jobs the server holds now (Arctic's ``GET /status``)."""
+        import requests
+
+        return requests.get(f"{self.url}/status", timeout=10).json()["jobs"]
+
+
+@pytest.fixture(scope="session")
+def standin_server(tmp_path_factory) -> ArcticStandIn:
+    """One Arctic RL stand-in server for the session, started with the adapter's own launcher
+    (1 training, 1 sampling and 1 log-prob "GPU", colocated). Starting one imports Arctic, DeepSpeed
+    and torch (tens of seconds on 2 cores), so the modules that talk to an already running server
+    share it; each creates its own jobs and destroys them, and reads call counts as differences.
+    Tests that launch, kill or freeze a server start their own."""
+    from arctic_standin.harness import free_port, start_standin
+
+    port = free_port()
+    process = start_standin(port, str(tmp_path_factory.mktemp("arctic_standin") / "logs"), log_prob_gpus=1)
+    try:
+        yield ArcticStandIn(port, f"http://127.0.0.1:{port}", process)
+    finally:
+        process.stop()
+    assert not process.alive()

@@ -28,27 +28,24 @@ from verl.workers.remote_client.arctic.errors import (
     PromptRoundTripError,
 )
 
-from arctic_standin.harness import compose_config, free_port, make_batch, standin_command, start_standin
+from arctic_standin.harness import compose_config, free_port, make_batch, standin_command
 from support.aio import run_async as run
 
 TEMPERATURE = 0.7
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
+def env(standin_server, tiny_model_dir, tmp_path_factory):
     import ray
 
-    from verl.remote_backend.testing.tiny_model import build_tiny_model
     from verl.utils.config import omega_conf_to_dataclass
 
     root = tmp_path_factory.mktemp("arctic")
-    model = build_tiny_model(str(root / "model"))
-    port = free_port()
-    server = start_standin(port, str(root / "logs"), log_prob_gpus=1)
+    model = tiny_model_dir
     cfg = compose_config(
         model,
         str(root / "ckpt"),
-        port,
+        standin_server.port,
         [
             "actor_rollout_ref.actor.use_kl_loss=true",
             "actor_rollout_ref.actor.kl_loss_coef=0.1",
@@ -68,8 +65,8 @@ def env(tmp_path_factory):
             "cfg": cfg,
             "arctic": arctic,
             "local": local,
-            "server": server,
-            "url": f"http://127.0.0.1:{port}",
+            "server": standin_server.process,
+            "url": standin_server.url,
             "tok": AutoTokenizer.from_pretrained(model),
             "actor": omega_conf_to_dataclass(cfg.actor_rollout_ref.actor),
             "root": root,
@@ -79,7 +76,6 @@ def env(tmp_path_factory):
             run(arctic.destroy())
         if local is not None:
             asyncio.run(local.destroy())
-        server.stop()
         if started_ray:
             ray.shutdown()
 
