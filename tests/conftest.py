@@ -1,8 +1,24 @@
-"""Fixtures shared across the suite: the tiny model and a Ray session (pytest finds them here)."""
+"""Fixtures shared across the suite: the tiny model, a Ray session, and the entry-point runs that
+several test modules assert on (pytest finds them here)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
 import pytest
+
+from verl.remote_backend.server_process import ServerProcess
+from remote_e2e import (
+    TESTS_DIR,
+    RunResult,
+    build_gsm8k,
+    external_modules_env,
+    run_entry,
+    small_ci_overrides,
+    verl_grpo_gsm8k_line,
+)
 
 
 @pytest.fixture(scope="session")
@@ -25,3 +41,180 @@ def ray_session():
     if started:
         ray.shutdown()
         assert not ray.is_initialized()
+
+
+@dataclass(frozen=True)
+class SharedRun:
+    """One finished entry-point run that several tests assert on: the result, its checkpoint folder,
+    and verl's ``latest_checkpointed_iteration.txt`` as the run left it (a later run that resumes
+    into the same folder overwrites the file)."""
+
+    result: RunResult
+    ckpt: Path
+    latest_checkpoint: Optional[str]
+
+    @classmethod
+    def finished(cls, result: RunResult, ckpt: Path) -> "SharedRun":
+        latest = ckpt / "latest_checkpointed_iteration.txt"
+        return cls(result, ckpt, latest.read_text().strip() if latest.is_file() else None)
+
+
+#: Steps of verl's GRPO line per backend: 2 for ``local`` (test_e2e_grpo_gsm8k asserts on two
+#: steps and the checkpoint of the last), 1 for the third-party adapter (its tests need one step).
+VERL_LINE_STEPS = {"local": 2, "my-engine": 1}
+
+
+@pytest.fixture(scope="session")
+def small_gsm8k_assets(tmp_path_factory, tiny_model_dir) -> dict[str, str]:
+    """``{"model", "train", "test"}``: the session's tiny model and a gsm8k subset of 8 train / 4 test
+    prompts (two steps of 4), built once; runs only read them."""
+    train, test = build_gsm8k(tmp_path_factory.mktemp("small_gsm8k"), max_train=8, max_test=4)
+    return {"model": tiny_model_dir, "train": train, "test": test}
+
+
+@pytest.fixture(scope="session")
+def verl_grpo_line_run(tmp_path_factory, small_gsm8k_assets) -> Callable[[str], SharedRun]:
+    """``run(backend)``: verl's GRPO-on-gsm8k command line (``remote_e2e.verl_grpo_gsm8k_line``)
+    with ``trainer.remote_backend=backend``, run through the entry point at most once per backend
+    per session; every later call returns the same finished run. ``my-engine`` is the adapter of
+    ``tests/third_party_adapter.py``, made known through ``VERL_USE_EXTERNAL_MODULES``.
+
+    One trainer run costs minutes on 2 cores, so the modules that assert on the same run share it
+    (test_derived_settings, test_e2e_grpo_gsm8k, test_third_party_adapter_e2e). The run's
+    return code is not checked here: each test asserts it, with the run's output."""
+    runs: dict[str, SharedRun] = {}
+
+    def run(backend: str) -> SharedRun:
+        if backend not in runs:
+            root = tmp_path_factory.mktemp(f"verl_line_{backend}")
+            line = verl_grpo_gsm8k_line(
+                model=small_gsm8k_assets["model"],
+                train=small_gsm8k_assets["train"],
+                test=small_gsm8k_assets["test"],
+                ckpt_dir=root / "ckpt",
+                backend=backend,
+                steps=VERL_LINE_STEPS[backend],
+            )
+            env = {"WANDB_MODE": "offline"}
+            if backend == "my-engine":
+                env.update(external_modules_env("third_party_adapter"))
+            runs[backend] = SharedRun.finished(run_entry(line, workdir=root / "run", env_extra=env), root / "ckpt")
+        return runs[backend]
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def gsm8k_assets(tmp_path_factory, tiny_model_dir) -> dict[str, str]:
+    """``{"model", "train", "test"}``: the session's tiny model and the default gsm8k subset of
+    ``remote_e2e.build_gsm8k`` (32 train / 8 test prompts), built once; runs only read them."""
+    train, test = build_gsm8k(tmp_path_factory.mktemp("gsm8k_assets"))
+    return {"model": tiny_model_dir, "train": train, "test": test}
+
+
+@dataclass(frozen=True)
+class SeededRunSpec:
+    """One run of :func:`seeded_local_run`: how many steps, through which backend, saving how often,
+    resuming or not, and whose checkpoint folder it writes (its own unless ``ckpt_of`` names a run)."""
+
+    steps: int
+    backend: str = "local"
+    save_freq: int = 2
+    resume_mode: str = "disable"
+    ckpt_of: str = ""
+
+
+#: ``first``/``second``: two fresh 4-step runs (same seeds -> same run). ``head`` + ``tail``: the
+#: same run interrupted after step 2 and resumed to step 4 (``trainer.resume_mode=auto``); they go
+#: through ``local-resume-probe`` (tests/resume_probe_backend.py: the local backend plus a dump of
+#: the state it holds right after loading) and save every step, so test_resume_e2e can compare the
+#: restored state with the saved one on the very runs test_reproducibility_e2e compares with ``first``.
+SEEDED_RUNS = {
+    "first": SeededRunSpec(steps=4),
+    "second": SeededRunSpec(steps=4),
+    "head": SeededRunSpec(steps=2, backend="local-resume-probe", save_freq=1),
+    "tail": SeededRunSpec(steps=4, backend="local-resume-probe", save_freq=1, resume_mode="auto", ckpt_of="head"),
+}
+
+
+def seeded_overrides(assets: dict[str, str], ckpt: Path, spec: SeededRunSpec) -> list[str]:
+    """The small-CI overrides of a seeded run: ``data.seed=7``, a visible learning rate and a reward
+    that varies within each GRPO group (tests/toy_reward.py), so every step really trains."""
+    base = small_ci_overrides(
+        model=assets["model"],
+        train=assets["train"],
+        test=assets["test"],
+        ckpt_dir=ckpt,
+        steps=spec.steps,
+        save_freq=spec.save_freq,
+        backend=spec.backend,
+    )
+    return [o for o in base if not o.startswith("trainer.resume_mode=")] + [
+        f"trainer.resume_mode={spec.resume_mode}",
+        "data.seed=7",  # verl's prompt shuffle; each sample's stream derives from it too
+        "actor_rollout_ref.actor.optim.lr=1e-3",
+        f"reward.custom_reward_function.path={TESTS_DIR / 'toy_reward.py'}",
+        "reward.custom_reward_function.name=digit_share",
+    ]
+
+
+@pytest.fixture(scope="session")
+def seeded_local_run(tmp_path_factory, gsm8k_assets) -> Callable[[str], SharedRun]:
+    """``run(name)`` for a name of :data:`SEEDED_RUNS`: that entry-point run, started at most once per
+    session (``tail`` runs ``head`` first: it resumes from head's checkpoint); later calls return the
+    finished run. Shared by test_reproducibility_e2e and test_resume_e2e. Return codes are the tests' to check."""
+    probe_env = external_modules_env("resume_probe_backend")
+    root = tmp_path_factory.mktemp("seeded_runs")
+    runs: dict[str, SharedRun] = {}
+
+    def run(name: str) -> SharedRun:
+        if name not in runs:
+            spec = SEEDED_RUNS[name]
+            if spec.ckpt_of:
+                run(spec.ckpt_of)
+            ckpt = root / (spec.ckpt_of or name) / "ckpt"
+            env = probe_env if spec.backend == "local-resume-probe" else None
+            result = run_entry(seeded_overrides(gsm8k_assets, ckpt, spec), workdir=root / name, env_extra=env)
+            runs[name] = SharedRun.finished(result, ckpt)
+        return runs[name]
+
+    return run
+
+
+@dataclass(frozen=True)
+class ArcticStandIn:
+    """A running Arctic RL stand-in server (tests/arctic_standin): its port, base URL and process."""
+
+    port: int
+    url: str
+    process: ServerProcess
+
+    def calls(self) -> dict[str, int]:
+        """Calls per endpoint since the server started (the stand-in's ``GET /_standin/calls``)."""
+        import requests
+
+        return requests.get(f"{self.url}/_standin/calls", timeout=10).json()
+
+    def jobs(self) -> dict:
+        """The jobs the server holds now (Arctic's ``GET /status``)."""
+        import requests
+
+        return requests.get(f"{self.url}/status", timeout=10).json()["jobs"]
+
+
+@pytest.fixture(scope="session")
+def standin_server(tmp_path_factory) -> ArcticStandIn:
+    """One Arctic RL stand-in server for the session, started with the adapter's own launcher
+    (1 training, 1 sampling and 1 log-prob "GPU", colocated). Starting one imports Arctic, DeepSpeed
+    and torch (tens of seconds on 2 cores), so the modules that talk to an already running server
+    share it; each creates its own jobs and destroys them, and reads call counts as differences.
+    Tests that launch, kill or freeze a server start their own."""
+    from arctic_standin.harness import free_port, start_standin
+
+    port = free_port()
+    process = start_standin(port, str(tmp_path_factory.mktemp("arctic_standin") / "logs"), log_prob_gpus=1)
+    try:
+        yield ArcticStandIn(port, f"http://127.0.0.1:{port}", process)
+    finally:
+        process.stop()
+    assert not process.alive()

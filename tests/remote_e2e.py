@@ -43,6 +43,15 @@ def build_model(out_dir: Path) -> str:
     return build_tiny_model(str(out_dir))
 
 
+def external_modules_env(module: str) -> dict[str, str]:
+    """The environment that makes every process of a run import ``tests/<module>.py`` through verl's
+    ``VERL_USE_EXTERNAL_MODULES`` hook (the documented way to register an adapter from outside)."""
+    return {
+        "VERL_USE_EXTERNAL_MODULES": module,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")])),
+    }
+
+
 def load_example(name: str):
     """``examples/gsm8k_remote/<name>.py`` as a module (examples/ is not a package)."""
     path = REPO_ROOT / "examples" / "gsm8k_remote" / f"{name}.py"
@@ -75,10 +84,25 @@ def build_gsm8k(
     return str(out_dir / "train.parquet"), str(out_dir / "test.parquet")
 
 
-def e2e_assets(root: Path) -> dict[str, str]:
-    """The tiny model and the gsm8k subset under ``root``: ``{"model", "train", "test"}`` paths."""
-    train, test = build_gsm8k(root / "data")
-    return {"model": build_model(root / "model"), "train": train, "test": test}
+#: The smallest remote-backend run: the switch plus what verl's CPU-only remote path needs (verl's
+#: new worker implementation, CPU, one forwarder, the ``remote`` rollout with one replica), GRPO,
+#: and no resume. Tests that compose configs or run the entry point start from these.
+REMOTE_BASE_OVERRIDES = (
+    "trainer.remote_backend=local",
+    "trainer.use_legacy_worker_impl=disable",
+    "trainer.device=cpu",
+    "trainer.n_gpus_per_node=1",
+    "trainer.nnodes=1",
+    "actor_rollout_ref.rollout.name=remote",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+    "algorithm.adv_estimator=grpo",
+    "trainer.resume_mode=disable",
+)
+
+
+def remote_base_overrides(backend: str = "local") -> list[str]:
+    """:data:`REMOTE_BASE_OVERRIDES` with ``trainer.remote_backend=backend``."""
+    return [f"trainer.remote_backend={backend}", *REMOTE_BASE_OVERRIDES[1:]]
 
 
 def small_ci_overrides(
@@ -97,14 +121,7 @@ def small_ci_overrides(
 ) -> list[str]:
     """Hydra overrides for a few fast GRPO steps on CPU: tiny batches and lengths, one agent-loop
     and one reward worker, no validation, and verl's ``file`` logger on so :func:`run_entry` can read the metrics."""
-    return [
-        f"trainer.remote_backend={backend}",
-        "trainer.use_legacy_worker_impl=disable",
-        "trainer.device=cpu",
-        "trainer.n_gpus_per_node=1",
-        "trainer.nnodes=1",
-        "actor_rollout_ref.rollout.name=remote",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+    return remote_base_overrides(backend) + [
         f"actor_rollout_ref.model.path={model}",
         f"data.train_files={train}",
         f"data.val_files={test}",
@@ -114,7 +131,6 @@ def small_ci_overrides(
         "data.truncation=left",
         "data.filter_overlong_prompts=true",
         "data.dataloader_num_workers=0",
-        "algorithm.adv_estimator=grpo",
         f"actor_rollout_ref.rollout.n={rollout_n}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={batch_size}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={batch_size * rollout_n}",
@@ -127,7 +143,6 @@ def small_ci_overrides(
         f"trainer.total_training_steps={steps}",
         f"trainer.save_freq={save_freq}",
         f"trainer.default_local_dir={ckpt_dir}",
-        "trainer.resume_mode=disable",
         "trainer.project_name=vrb_tests",
         "trainer.experiment_name=e2e",
     ]
@@ -139,9 +154,15 @@ def verl_grpo_gsm8k_line(
     """verl's own GRPO-on-gsm8k command line (its ``examples/grpo_trainer`` Qwen2 script: vLLM
     rollout with tensor parallel 2, FSDP actor, KL loss, 8 GPUs per node), with only the model and
     data paths and the batch/length/step sizes changed for a CPU box, plus ``trainer.remote_backend``.
-    Every other key is verl's, including the ones that describe verl's own GPU engines: the entry
-    point derives what the remote path needs (``trainer.logger`` keeps wandb; run with
-    ``WANDB_MODE=offline``). ``trainer.default_local_dir`` keeps the run's files in the test folder."""
+    The sizes include verl's worker-process counts: one agent-loop worker, one reward worker and no
+    dataloader workers instead of verl's default 8 each (on 2 cores each extra Ray worker costs
+    ~10 s of imports at start-up and again at the first validation; the count is a machine size,
+    not something the remote path derives). Every other key is verl's, including the ones that
+    describe verl's own GPU engines: the entry point derives what the remote path needs
+    (``trainer.logger`` keeps wandb; run with ``WANDB_MODE=offline``). Like the script, the line
+    validates before training and at the last step and checkpoints at the last step (verl does
+    both at ``is_last_step`` whatever ``test_freq``/``save_freq`` say).
+    ``trainer.default_local_dir`` keeps the run's files in the test folder."""
     return [
         "algorithm.adv_estimator=grpo",
         f"data.train_files={train}",
@@ -183,6 +204,10 @@ def verl_grpo_gsm8k_line(
         f"trainer.total_training_steps={steps}",
         f"trainer.default_local_dir={ckpt_dir}",
         f"trainer.remote_backend={backend}",
+        # sizes for this machine (see the docstring): verl's defaults are 8 each
+        "actor_rollout_ref.rollout.agent.num_workers=1",
+        "reward.num_workers=1",
+        "data.dataloader_num_workers=0",
     ]
 
 
@@ -219,6 +244,11 @@ class RunResult:
             if parsed and parsed[0] == n:
                 return parsed[1]
         raise AssertionError(f"verl printed no metrics line for step {n}")
+
+    def console_steps(self) -> list[int]:
+        """The steps of verl's ``console`` metrics lines, in the order printed (0: validation before training)."""
+        step_metrics = load_example("console_filter").step_metrics
+        return [parsed[0] for parsed in map(step_metrics, self.output.splitlines()) if parsed]
 
     def tail(self, chars: int = 6000) -> str:
         return self.output[-chars:]

@@ -2,8 +2,9 @@
 
 The real entry point, verl's trainer, the CPU forwarder and the remote rollout
 replica drive the ``arctic`` adapter and the real arctic-platform client, which
-talk HTTP to the stand-in Arctic RL server (``tests/arctic_standin``). A second
-run resumes from the first run's checkpoint through Arctic's /load-checkpoint.
+talk HTTP to the stand-in Arctic RL server (``tests/arctic_standin``; the session's, conftest
+``standin_server``). A second run resumes from the first run's checkpoint through Arctic's
+/load-checkpoint.
 """
 
 from __future__ import annotations
@@ -12,10 +13,8 @@ import json
 import math
 
 import pytest
-import requests
 
-from arctic_standin.harness import free_port, start_standin
-from remote_e2e import REPO_ROOT, build_gsm8k, build_model, run_entry, small_ci_overrides
+from remote_e2e import REPO_ROOT, run_entry, small_ci_overrides
 
 # verl renames the forwarder's actor/mfu to perf/mfu/actor before logging.
 STEP_METRICS = (
@@ -30,54 +29,51 @@ STEP_METRICS = (
 
 
 @pytest.mark.slow
-def test_grpo_on_gsm8k_through_arctic_standin_then_resume(tmp_path):
-    model = build_model(tmp_path / "model")
-    train, test = build_gsm8k(tmp_path / "data")
-    port = free_port()
-    server = start_standin(port, str(tmp_path / "server_logs"))
-    url = f"http://127.0.0.1:{port}"
+def test_grpo_on_gsm8k_through_arctic_standin_then_resume(standin_server, gsm8k_assets, tmp_path):
+    model, train, test = gsm8k_assets["model"], gsm8k_assets["train"], gsm8k_assets["test"]
     ckpt = tmp_path / "ckpt"
-    try:
-        common = [
-            f"remote_backend.arctic.port={port}",
-            "remote_backend.arctic.device.type=cpu",
-            "remote_backend.arctic.connect_timeout_s=30",
-            # Dense reward that varies within a GRPO group, so the update has a non-zero gradient.
-            f"reward.custom_reward_function.path={REPO_ROOT / 'tests' / 'toy_reward.py'}",
-            "reward.custom_reward_function.name=digit_share",
-        ]
-        first = run_entry(
-            small_ci_overrides(model=model, train=train, test=test, ckpt_dir=ckpt, steps=2, backend="arctic", save_freq=2)
-            + common,
-            workdir=tmp_path / "run1",
-        )
-        assert first.returncode == 0, first.tail()
-        for step in (1, 2):
-            data = first.step(step)
-            for key in STEP_METRICS:
-                assert key in data and math.isfinite(float(data[key])), f"step {step}: {key}={data.get(key)}"
-        assert max(float(first.step(s)["actor/grad_norm"]) for s in (1, 2)) > 0
-        # Arctic's save, DeepSpeed's layout, plus the adapter's record of the server's step (for honest resume)
-        saved = ckpt / "global_step_2" / "actor" / "checkpoint-2"
-        tag = (saved / "latest").read_text().strip()
-        assert (saved / tag / "mp_rank_00_model_states.pt").is_file()
-        record = json.loads((ckpt / "global_step_2" / "actor" / "arctic_checkpoint.json").read_text())
-        assert record["step"] == 2 and tag == f"global_step{record['engine_global_step']}" and record["engine_global_step"] >= 2
-        calls = requests.get(f"{url}/_standin/calls", timeout=10).json()
-        assert calls.get("/generate", 0) >= 2 * 4 * 2  # steps x prompts x rollout.n
-        assert calls.get("/forward-backward") == 2 and calls.get("/step") == 2 and calls.get("/save") == 1
-        assert requests.get(f"{url}/status", timeout=10).json()["jobs"] == {}  # destroy() tore the jobs down
+    calls_before = standin_server.calls()  # the server is the session's: count this test's calls only
 
-        second = run_entry(
-            small_ci_overrides(model=model, train=train, test=test, ckpt_dir=ckpt, steps=3, backend="arctic")
-            + common
-            + ["trainer.resume_mode=auto"],
-            workdir=tmp_path / "run2",
-        )
-        assert second.returncode == 0, second.tail()
-        assert [m["step"] for m in second.metrics] == [3], second.tail()
-        assert requests.get(f"{url}/_standin/calls", timeout=10).json().get("/load-checkpoint") == 1
-        print(f"arctic e2e: first run {first.wall_s:.0f}s, peak PSS {first.peak_pss_gb:.2f} GB; resume run {second.wall_s:.0f}s")
-    finally:
-        server.stop()
-        assert not server.alive()
+    def calls_since_start() -> dict[str, int]:
+        return {path: n - calls_before.get(path, 0) for path, n in standin_server.calls().items()}
+
+    common = [
+        f"remote_backend.arctic.port={standin_server.port}",
+        "remote_backend.arctic.device.type=cpu",
+        "remote_backend.arctic.connect_timeout_s=30",
+        # Dense reward that varies within a GRPO group, so the update has a non-zero gradient.
+        f"reward.custom_reward_function.path={REPO_ROOT / 'tests' / 'toy_reward.py'}",
+        "reward.custom_reward_function.name=digit_share",
+    ]
+    first = run_entry(
+        small_ci_overrides(model=model, train=train, test=test, ckpt_dir=ckpt, steps=2, backend="arctic", save_freq=2)
+        + common,
+        workdir=tmp_path / "run1",
+    )
+    assert first.returncode == 0, first.tail()
+    for step in (1, 2):
+        data = first.step(step)
+        for key in STEP_METRICS:
+            assert key in data and math.isfinite(float(data[key])), f"step {step}: {key}={data.get(key)}"
+    assert max(float(first.step(s)["actor/grad_norm"]) for s in (1, 2)) > 0
+    # Arctic's save, DeepSpeed's layout, plus the adapter's record of the server's step (for honest resume)
+    saved = ckpt / "global_step_2" / "actor" / "checkpoint-2"
+    tag = (saved / "latest").read_text().strip()
+    assert (saved / tag / "mp_rank_00_model_states.pt").is_file()
+    record = json.loads((ckpt / "global_step_2" / "actor" / "arctic_checkpoint.json").read_text())
+    assert record["step"] == 2 and tag == f"global_step{record['engine_global_step']}" and record["engine_global_step"] >= 2
+    calls = calls_since_start()
+    assert calls.get("/generate", 0) >= 2 * 4 * 2  # steps x prompts x rollout.n
+    assert calls.get("/forward-backward") == 2 and calls.get("/step") == 2 and calls.get("/save") == 1
+    assert standin_server.jobs() == {}  # destroy() tore the jobs down
+
+    second = run_entry(
+        small_ci_overrides(model=model, train=train, test=test, ckpt_dir=ckpt, steps=3, backend="arctic")
+        + common
+        + ["trainer.resume_mode=auto"],
+        workdir=tmp_path / "run2",
+    )
+    assert second.returncode == 0, second.tail()
+    assert [m["step"] for m in second.metrics] == [3], second.tail()
+    assert calls_since_start().get("/load-checkpoint") == 1
+    print(f"arctic e2e: first run {first.wall_s:.0f}s, peak PSS {first.peak_pss_gb:.2f} GB; resume run {second.wall_s:.0f}s")

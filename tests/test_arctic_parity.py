@@ -10,14 +10,14 @@ batch, weights and optimizer, computed by the local engine (itself checked again
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 
 import pytest
 import torch
 
-from arctic_standin.harness import compose_config, free_port, make_batch, start_standin
+from arctic_standin.harness import compose_config, make_batch
+from support.aio import run_async as run
 
 pytestmark = pytest.mark.slow
 
@@ -25,22 +25,14 @@ TEMPERATURE = 0.8
 ROWS = 8  # 4 prompts x rollout.n 2
 
 
-def run(coro):
-    return asyncio.run(coro)
-
-
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(standin_server, tmp_path_factory):
+    """The session's stand-in server, and a tiny Qwen3 to create jobs for."""
     from verl.remote_backend.testing.tiny_model import build_tiny_model
 
     root = tmp_path_factory.mktemp("arctic_parity")
     model = build_tiny_model(str(root / "model"), architecture="qwen3")  # ZoRRo Train supports Qwen3 families only
-    port = free_port()
-    proc = start_standin(port, str(root / "logs"), log_prob_gpus=1)
-    try:
-        yield {"model": model, "port": port, "root": root}
-    finally:
-        proc.stop()
+    return {"model": model, "port": standin_server.port, "root": root}
 
 
 def _config(server, name, overrides):

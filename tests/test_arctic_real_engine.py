@@ -131,14 +131,14 @@ def test_non_flash_attention_lets_packed_sequences_see_each_other_here_as_on_a_g
 
 
 @pytest.mark.slow
-def test_zorro_double_refuses_non_qwen3_and_uses_the_temperature_it_was_built_with(tmp_path):
+def test_zorro_double_refuses_non_qwen3_and_uses_the_temperature_it_was_built_with(tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from verl.remote_backend.errors import ConfigError
     from verl.remote_backend.testing.tiny_model import build_tiny_model
     from verl.workers.remote_client.arctic_rl_client import ArcticBackend
 
-    qwen2 = build_tiny_model(str(tmp_path / "qwen2"))
+    qwen2 = tiny_model_dir  # the session's tiny model is a Qwen2
     qwen3 = build_tiny_model(str(tmp_path / "qwen3"), architecture="qwen3")
     zorro = ["remote_backend.arctic.zorro.train=true", "actor_rollout_ref.rollout.temperature=0.7", "data.max_response_length=4"]
     with pytest.raises(ConfigError, match=r"zorro.train=true with a model of model_type='qwen2'.*Qwen3"):

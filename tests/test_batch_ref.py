@@ -15,8 +15,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from remote_e2e import build_model, compose
+from remote_e2e import compose
 from stub_backend import StubBackend
+from support.forwarder import in_process_forwarder
 from verl.remote_backend import LogProbResult, RemoteBackendRegistry, UpdateResult
 from verl.remote_backend.base import accepts_batch_refs
 from verl.remote_backend.batch_ref import BatchRef, non_tensor_fields
@@ -169,23 +170,12 @@ def _seen() -> list:
     return [payload for op, payload in _RecordingBackend.calls if op in ("compute_log_prob", "update_actor")]
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> str:
-    return build_model(tmp_path_factory.mktemp("batch_ref_model"))
-
-
 @pytest.fixture
-def forwarder(model_dir, monkeypatch):
-    import verl.remote_backend.worker as worker_module
-
-    for key, value in {"WORLD_SIZE": "1", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29593"}.items():
-        monkeypatch.setenv(key, value)
+def forwarder(tiny_model_dir, monkeypatch):
     RemoteBackendRegistry.register("test-recording")(_RecordingBackend)
-    cfg = compose(["trainer.remote_backend=test-recording", f"actor_rollout_ref.model.path={model_dir}"])
-    worker = worker_module.RemoteBackendWorker(cfg.actor_rollout_ref, role="actor_rollout")
-    worker.init_model()
+    cfg = compose(["trainer.remote_backend=test-recording", f"actor_rollout_ref.model.path={tiny_model_dir}"])
     owner = _RecordingBackend.from_config(cfg)  # what the trainer creates; the forwarder re-attaches
-    worker.attach_backend(cfg, owner.reconnect_handle())
+    worker = in_process_forwarder(cfg, owner.reconnect_handle(), monkeypatch)
     _RecordingBackend.calls.clear()
     yield worker
     asyncio.run(owner.destroy())

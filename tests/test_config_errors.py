@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import ray
 
-from remote_e2e import compose
+from remote_e2e import REMOTE_BASE_OVERRIDES, compose
 from stub_backend import StubBackend
 from verl.remote_backend import RemoteBackend, RemoteBackendRegistry, UnknownBackendError
 from verl.remote_backend.main_ppo import run
@@ -19,17 +19,7 @@ from verl.remote_backend.rules import REMOTE_ROLLOUT_NAME
 from verl.remote_backend.validation import required_ray_cpus, validate_remote_backend_config
 
 # The smallest valid remote-backend config; each test changes one thing.
-GOOD = [
-    "trainer.remote_backend=local",
-    "trainer.use_legacy_worker_impl=disable",
-    "trainer.device=cpu",
-    "trainer.n_gpus_per_node=1",
-    "trainer.nnodes=1",
-    "actor_rollout_ref.rollout.name=remote",
-    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-    "algorithm.adv_estimator=grpo",
-    "trainer.resume_mode=disable",
-]
+GOOD = list(REMOTE_BASE_OVERRIDES)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -272,10 +262,8 @@ def test_empty_prompts_are_counted_and_fail_before_ray(tmp_path):
     assert message.startswith(f"{val}: 2 of 4 rows have an empty 'prompt' (first: row 1)") and "Fix" in message
 
 
-def test_overlong_prompts_kept_by_the_filter_setting_fail_before_ray(tmp_path):
-    from verl.remote_backend.testing.tiny_model import build_tiny_model
-
-    model = build_tiny_model(str(tmp_path / "model"))
+def test_overlong_prompts_kept_by_the_filter_setting_fail_before_ray(tiny_model_dir, tmp_path):
+    model = tiny_model_dir
     rows = [{"prompt": [{"role": "user", "content": "short"}]}, {"prompt": [{"role": "user", "content": "long " * 200}]}]
     train = _parquet(tmp_path / "train.parquet", rows)
     base = _with(f"actor_rollout_ref.model.path={model}", f"data.train_files={train}", "data.max_prompt_length=64")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 import re
 
 import pytest
@@ -17,11 +16,7 @@ from omegaconf import OmegaConf
 
 from remote_e2e import (
     REQUIRED_STEP_METRICS,
-    TESTS_DIR,
-    build_gsm8k,
-    build_model,
     compose,
-    run_entry,
     verl_grpo_gsm8k_line,
 )
 from verl.remote_backend.derived_settings import derive_remote_settings, describe, explicit_override_keys
@@ -31,10 +26,8 @@ from verl.remote_backend.validation import validate_remote_backend_config
 
 
 @pytest.fixture(scope="module")
-def assets(tmp_path_factory):
-    root = tmp_path_factory.mktemp("derive")
-    train, test = build_gsm8k(root / "data", max_train=8, max_test=4)
-    return {"model": build_model(root / "model"), "train": train, "test": test, "ckpt": root / "ckpt"}
+def assets(small_gsm8k_assets, tmp_path_factory):
+    return {**small_gsm8k_assets, "ckpt": tmp_path_factory.mktemp("derive") / "ckpt"}
 
 
 def verl_line(assets, backend="local", **changes) -> list[str]:
@@ -122,19 +115,13 @@ def test_explicit_override_keys_reads_hydra_syntax():
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("backend", ["local", "my-engine"])
-def test_verls_grpo_command_line_runs_with_only_the_switch_added(tmp_path, backend):
+def test_verls_grpo_command_line_runs_with_only_the_switch_added(verl_grpo_line_run, backend):
     """verl's GRPO line, sizes changed for this machine, ``verl.trainer.main_ppo`` replaced by
     ``verl.remote_backend.main_ppo`` and ``trainer.remote_backend`` added: it trains on CPU,
-    for the built-in local backend and for a third-party adapter (``VERL_USE_EXTERNAL_MODULES``)."""
-    train, test = build_gsm8k(tmp_path / "data", max_train=8, max_test=4)
-    line = verl_grpo_gsm8k_line(
-        model=build_model(tmp_path / "model"), train=train, test=test, ckpt_dir=tmp_path / "ckpt", backend=backend
-    )
-    env = {"WANDB_MODE": "offline"}
-    if backend == "my-engine":
-        env["VERL_USE_EXTERNAL_MODULES"] = "third_party_adapter"
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")]))
-    result = run_entry(line, workdir=tmp_path / "run", env_extra=env)
+    for the built-in local backend and for a third-party adapter (``VERL_USE_EXTERNAL_MODULES``).
+    The run is the session's (conftest ``verl_grpo_line_run``), shared with test_e2e_grpo_gsm8k
+    and test_third_party_adapter_e2e."""
+    result = verl_grpo_line_run(backend).result
     assert result.returncode == 0, result.tail()
     derived = [ln for ln in result.output.splitlines() if ln.startswith("[remote_backend] set for")]
     assert len(derived) == 1 and "actor_rollout_ref.rollout.name=remote (was vllm)" in derived[0], derived

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from remote_e2e import REPO_ROOT, build_model, compose
+from remote_e2e import REMOTE_BASE_OVERRIDES, REPO_ROOT, compose
 
 OUR_KEYS_NOTE = "trainer.remote_backend and remote_backend.* are the only additions"
 
@@ -80,7 +80,7 @@ def test_null_backend_runs_verls_run_ppo_with_verls_task_runner_and_trainer(monk
     assert verl_main_ppo.RayPPOTrainer is RayPPOTrainer
 
 
-def test_a_named_backend_runs_verls_run_ppo_with_our_task_runner(monkeypatch, tmp_path):
+def test_a_named_backend_runs_verls_run_ppo_with_our_task_runner(monkeypatch, tiny_model_dir):
     import verl.trainer.main_ppo as verl_main_ppo
     from verl.remote_backend.main_ppo import run
     from verl.remote_backend.task_runner import RemoteBackendTaskRunner, substitute_trainer_class
@@ -91,17 +91,7 @@ def test_a_named_backend_runs_verls_run_ppo_with_our_task_runner(monkeypatch, tm
     monkeypatch.setattr(
         verl_main_ppo, "run_ppo", lambda config, task_runner_class=None: calls.append((config, task_runner_class))
     )
-    overrides = [
-        "trainer.remote_backend=local",
-        "trainer.use_legacy_worker_impl=disable",
-        "trainer.device=cpu",
-        "trainer.n_gpus_per_node=1",
-        "actor_rollout_ref.rollout.name=remote",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-        "algorithm.adv_estimator=grpo",
-        "trainer.resume_mode=disable",
-        f"actor_rollout_ref.model.path={build_model(tmp_path / 'model')}",
-    ]
+    overrides = [*REMOTE_BASE_OVERRIDES, f"actor_rollout_ref.model.path={tiny_model_dir}"]
     run(compose(overrides))
     ((config, runner_cls),) = calls
     assert runner_cls.actor_class.__ray_actor_class__ is RemoteBackendTaskRunner  # via the Ctrl-C launcher

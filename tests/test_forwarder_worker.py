@@ -18,8 +18,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from remote_e2e import build_model, compose
+from remote_e2e import compose
 from stub_backend import StubBackend
+from support.forwarder import in_process_forwarder
 from verl.remote_backend import BackendDevice, RemoteBackend, RemoteBackendRegistry
 from verl.remote_backend.errors import ConfigError, ResumeCheckpointError
 from verl.utils import tensordict_utils as tu
@@ -43,17 +44,10 @@ def _checkpoint_calls() -> list:
     return [(op, *payload) for op, payload in EightGpuBackend.calls if op in ("save_checkpoint", "load_checkpoint")]
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> str:
-    return build_model(tmp_path_factory.mktemp("mfu_model"))
-
-
 @pytest.fixture
-def forwarder(model_dir, monkeypatch):
+def forwarder(tiny_model_dir, monkeypatch):
     import verl.remote_backend.worker as worker_module
 
-    for key, value in {"WORLD_SIZE": "1", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29591"}.items():
-        monkeypatch.setenv(key, value)
     # every backend call starts at 100 * i and ends SECONDS later
     clock_values = iter(v for pair in ((100.0 * i, 100.0 * i + SECONDS) for i in itertools.count()) for v in pair)
     monkeypatch.setattr(worker_module, "time", types.SimpleNamespace(perf_counter=lambda: next(clock_values)))
@@ -61,15 +55,13 @@ def forwarder(model_dir, monkeypatch):
     cfg = compose(
         [
             "trainer.remote_backend=test-8gpu",
-            f"actor_rollout_ref.model.path={model_dir}",
+            f"actor_rollout_ref.model.path={tiny_model_dir}",
             "actor_rollout_ref.rollout.n=2",
             "actor_rollout_ref.rollout.temperature=0.9",
         ]
     )
-    worker = worker_module.RemoteBackendWorker(cfg.actor_rollout_ref, role="actor_rollout_ref")
-    worker.init_model()
     owner = EightGpuBackend.from_config(cfg)  # what the trainer creates; the forwarder re-attaches
-    worker.attach_backend(cfg, owner.reconnect_handle())
+    worker = in_process_forwarder(cfg, owner.reconnect_handle(), monkeypatch, role="actor_rollout_ref")
     yield worker
     asyncio.run(owner.destroy())
     RemoteBackendRegistry.unregister("test-8gpu")
@@ -105,11 +97,11 @@ def _hand_computed_flops(model_dir: str, seqlens: list[int]) -> float:
     return 6 * dense * sum(seqlens) + 6 * sum(s * s for s in seqlens) * head_dim * heads * layers
 
 
-def test_update_mfu_uses_the_backends_eight_gpus_and_peak(forwarder, model_dir):
+def test_update_mfu_uses_the_backends_eight_gpus_and_peak(forwarder, tiny_model_dir):
     out = asyncio.run(forwarder.update_actor(_batch(epochs=2)))
     metrics = tu.get(out, "metrics")
     # two PPO epochs: every token was processed twice
-    expected = _hand_computed_flops(model_dir, [5, 7, 5, 7]) / SECONDS / (GPUS * PEAK)
+    expected = _hand_computed_flops(tiny_model_dir, [5, 7, 5, 7]) / SECONDS / (GPUS * PEAK)
     assert metrics["mfu"] == pytest.approx(expected, rel=1e-9)
     # against the forwarder's own CPU (verl's 448 GFLOP/s, one device) it would be ~17,700x larger
     assert metrics["mfu"] < 1e-6
@@ -120,9 +112,9 @@ def test_update_mfu_uses_the_backends_eight_gpus_and_peak(forwarder, model_dir):
     assert reduced["loss"] == pytest.approx(0.5) and "ppo_kl" in reduced
 
 
-def test_log_prob_mfu_is_a_third_and_outputs_are_nested(forwarder, model_dir):
+def test_log_prob_mfu_is_a_third_and_outputs_are_nested(forwarder, tiny_model_dir):
     out = asyncio.run(forwarder.compute_log_prob(_batch()))
-    expected = _hand_computed_flops(model_dir, [5, 7]) / SECONDS / (GPUS * PEAK) / 3
+    expected = _hand_computed_flops(tiny_model_dir, [5, 7]) / SECONDS / (GPUS * PEAK) / 3
     metrics = tu.get(out, "metrics")
     assert isinstance(metrics["mfu"], float)  # logged as is by the trainer
     assert metrics["mfu"] == pytest.approx(expected, rel=1e-9)
@@ -133,11 +125,11 @@ def test_log_prob_mfu_is_a_third_and_outputs_are_nested(forwarder, model_dir):
     assert ref["log_probs"].values().tolist() == [-2.0] * 4 + [0.0] + [-2.0] * 6 + [0.0]  # the reference's, last slots 0
 
 
-def test_forwarder_passes_verls_values_to_the_backend(forwarder, model_dir):
+def test_forwarder_passes_verls_values_to_the_backend(forwarder, tiny_model_dir):
     from transformers import AutoTokenizer
 
     assert forwarder._temperature(_batch()) == pytest.approx(0.9)
-    assert forwarder._pad_token_id == AutoTokenizer.from_pretrained(model_dir).pad_token_id
+    assert forwarder._pad_token_id == AutoTokenizer.from_pretrained(tiny_model_dir).pad_token_id
     assert OmegaConf.select(forwarder.config, "rollout.n") == 2
 
 

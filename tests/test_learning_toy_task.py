@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from remote_e2e import TESTS_DIR, build_gsm8k, build_model, run_entry, small_ci_overrides
+from remote_e2e import TESTS_DIR, run_entry, small_ci_overrides
 
 pytestmark = pytest.mark.slow
 
@@ -26,12 +26,11 @@ MIN_GAIN = 0.25
 
 
 @pytest.mark.timeout(1500)
-def test_mean_reward_rises_clearly_on_a_toy_task(tmp_path):
-    train, test = build_gsm8k(tmp_path / "data")
+def test_mean_reward_rises_clearly_on_a_toy_task(gsm8k_assets, tmp_path):
     overrides = small_ci_overrides(
-        model=build_model(tmp_path / "model"),
-        train=train,
-        test=test,
+        model=gsm8k_assets["model"],
+        train=gsm8k_assets["train"],
+        test=gsm8k_assets["test"],
         ckpt_dir=tmp_path / "ckpt",
         steps=STEPS,
         batch_size=4,

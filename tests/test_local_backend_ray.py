@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from verl.remote_backend.errors import BackendClosedError
+from support.aio import run_async as run
 
 from local_backend_helpers import (
     engine_info,
@@ -33,10 +34,6 @@ def backend(ray_session, cfg):
     b = RemoteBackendRegistry.create("local", cfg)
     yield b
     asyncio.run(b.destroy())
-
-
-def run(coro):
-    return asyncio.run(coro)
 
 
 def _update_batch(seed=0):

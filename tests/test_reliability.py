@@ -9,6 +9,7 @@ import time
 import pytest
 from omegaconf import OmegaConf
 
+from support.aio import run_async as run
 from verl.remote_backend.guard import BackendGuard, log_location, run_with_timeout, supports_health
 from verl.remote_backend.errors import BackendDiedError, BackendTimeoutError, BackendTransportError
 from verl.remote_backend.reliability import (
@@ -23,10 +24,6 @@ from verl.remote_backend.reliability import (
     is_transient_error,
     timeout_key,
 )
-
-
-def run(coro):
-    return asyncio.run(coro)
 
 
 def settings(**timeouts) -> ReliabilitySettings:

@@ -17,7 +17,7 @@ import pytest
 import ray
 import torch
 
-from remote_e2e import REPO_ROOT, compose
+from remote_e2e import REMOTE_BASE_OVERRIDES, REPO_ROOT, compose
 from verl.remote_backend.main_ppo import run
 from verl.remote_backend.errors import ResumeCheckpointError
 from verl.remote_backend.errors import ConfigError
@@ -25,15 +25,7 @@ from verl.remote_backend.validation import validate_remote_backend_config
 from verl.workers.remote_client.local.checkpoint import write_checkpoint_dir
 
 BASE = [
-    "trainer.remote_backend=local",
-    "trainer.use_legacy_worker_impl=disable",
-    "trainer.device=cpu",
-    "trainer.n_gpus_per_node=1",
-    "trainer.nnodes=1",
-    "actor_rollout_ref.rollout.name=remote",
-    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-    "algorithm.adv_estimator=grpo",
-    "trainer.resume_mode=disable",
+    *REMOTE_BASE_OVERRIDES,
     "data.max_prompt_length=64",
     "data.max_response_length=32",
 ]

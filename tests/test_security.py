@@ -91,16 +91,15 @@ def _torch_save_bytes(tmp_path: Path, obj) -> bytes:
     return path.read_bytes()
 
 
-def test_a_checkpoint_with_a_pickled_payload_is_refused(tmp_path):
+def test_a_checkpoint_with_a_pickled_payload_is_refused(tiny_model_dir, tmp_path):
     """A tampered optimizer.pt (with a matching manifest) must not execute on load."""
-    from verl.remote_backend.testing.tiny_model import build_tiny_model
     from verl.workers.remote_client.local.checkpoint import CheckpointError, MANIFEST, _sha256
     from verl.workers.remote_client.local.config import EngineSettings
     from verl.workers.remote_client.local.engine import LocalEngine
 
     import json
 
-    engine = LocalEngine(EngineSettings(model_path=build_tiny_model(str(tmp_path / "model"))))
+    engine = LocalEngine(EngineSettings(model_path=tiny_model_dir))
     ckpt = engine.save_checkpoint(str(tmp_path / "global_step_1" / "actor"), 1)
     marker = tmp_path / "pwned"
     optim = os.path.join(ckpt, "optimizer.pt")

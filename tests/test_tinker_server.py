@@ -33,6 +33,7 @@ pytest.importorskip("tinker", reason="the tinker SDK is not installed: pip insta
 
 from local_backend_helpers import dense_rollout_batch, random_rollouts, to_no_padding  # noqa: E402
 from remote_e2e import REPO_ROOT, build_gsm8k, compose, run_entry, small_ci_overrides  # noqa: E402
+from support.aio import run_async as run  # noqa: E402
 from tinker_server import API_KEY, ServerEnvUnavailable, TinkerServer, build_tiny_llama, server_venv  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.tinker]
@@ -79,10 +80,6 @@ def backend_config(srv: TinkerServer, tmp: Path, *extra: str):
 def batch(n: int = 4, seed: int = 0, **non_tensor):
     prompts, responses = random_rollouts(n, seed=seed, vocab=400)
     return prompts, responses, dense_rollout_batch(prompts, responses)
-
-
-def run(coro):
-    return asyncio.run(coro)
 
 
 # --------------------------------------------------------------------------- log-probs

@@ -10,12 +10,12 @@ tests talk to it with the ``tinker`` SDK from the project's environment, as a us
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 from pathlib import Path
 from typing import Optional
 
+from support.ports import free_port
 from verl.remote_backend.server_process import ServerProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -48,12 +48,6 @@ def server_venv(timeout_s: float = 1800) -> Path:
     if proc.returncode != 0:
         raise ServerEnvUnavailable(f"{SETUP_SCRIPT.name} failed (rc={proc.returncode}):\n{proc.stderr[-3000:]}")
     return Path(proc.stdout.strip().splitlines()[-1])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class TinkerServer:

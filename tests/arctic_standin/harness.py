@@ -3,24 +3,19 @@
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from typing import Any, Optional
 
 import torch
 import yaml
 
+from support.ports import free_port  # noqa: F401 - re-exported: the stand-in's tests and workers take it from here
+
 SERVER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "server.py")
 ARCTIC_YAML = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
     "verl", "remote_backend", "config", "remote_backend", "arctic.yaml",
 )  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def standin_command() -> list[str]:

@@ -7,7 +7,7 @@ Each test injects faults through the ``fault`` fixture::
 
 which counts the fault as injected, then as *surfaced correctly* when the
 expected error type and message arrived within the bound, or as a *hang* when
-it took longer (callers bound their waits with :func:`bounded`, so a hang ends
+it took longer (callers bound their waits with :func:`support.aio.bounded`, so a hang ends
 as :class:`Hang` instead of blocking the suite). ``fault.protect(path)``
 registers a saved checkpoint; at the end of the test every protected
 checkpoint is verified against its manifest (sha256 of every file) and each
@@ -19,19 +19,16 @@ suite prints::
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Iterator, Optional
+from typing import Iterator, Optional
 
 import pytest
 
-
-class Hang(AssertionError):
-    """A bounded wait ran out: the fault did not surface."""
+from support.aio import Hang
 
 
 @dataclass
@@ -50,17 +47,6 @@ class Ledger:
 
 
 LEDGER = Ledger()
-
-
-async def bounded(awaitable: Awaitable[Any], cap_s: float) -> Any:
-    """Await with a hard cap; past it raise :class:`Hang` (so a hang never blocks the suite)."""
-    # not asyncio.wait_for: the errors under test (BackendTimeoutError) are TimeoutErrors themselves
-    task = asyncio.ensure_future(awaitable)
-    done, _ = await asyncio.wait({task}, timeout=cap_s)
-    if not done:
-        task.cancel()
-        raise Hang(f"no result within {cap_s}s")
-    return task.result()
 
 
 @dataclass

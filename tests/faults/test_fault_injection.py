@@ -8,7 +8,7 @@ in ``test_fault_injection_slow.py``.
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import itertools
 import os
 import re
@@ -17,19 +17,13 @@ import pytest
 import torch
 
 from faults.backends import ScriptedBackend
-from faults.conftest import bounded
+from support.aio import run_async
+from support.forwarder import in_process_forwarder
 from remote_e2e import compose
 from verl.remote_backend.errors import BackendDiedError, BackendOutputError, BackendTimeoutError
 from verl.utils import tensordict_utils as tu
 
 NAME = "fault-scripted"
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> str:
-    from verl.remote_backend.testing.tiny_model import build_tiny_model
-
-    return build_tiny_model(str(tmp_path_factory.mktemp("faults_model")))
 
 
 @pytest.fixture(autouse=True)
@@ -55,18 +49,9 @@ def config(model_dir: str, *overrides: str):
 
 
 @pytest.fixture
-def make_forwarder(model_dir, monkeypatch):
-    from verl.remote_backend.worker import RemoteBackendWorker
-
-    for key, value in {"WORLD_SIZE": "1", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29593"}.items():
-        monkeypatch.setenv(key, value)
-
-    def make(*overrides: str) -> RemoteBackendWorker:
-        cfg = config(model_dir, *overrides)
-        worker = RemoteBackendWorker(cfg.actor_rollout_ref, role="actor_rollout")
-        worker.init_model()
-        worker.attach_backend(cfg, _engine_handle())
-        return worker
+def make_forwarder(tiny_model_dir, monkeypatch):
+    def make(*overrides: str):
+        return in_process_forwarder(config(tiny_model_dir, *overrides), _engine_handle(), monkeypatch)
 
     return make
 
@@ -97,8 +82,7 @@ def batch(lengths=(5, 7)):
     )
 
 
-def run(coro, cap_s=30):
-    return asyncio.run(bounded(coro, cap_s))
+run = functools.partial(run_async, cap_s=30)  # every op of these tests is bounded: a hang fails fast
 
 
 def save(forwarder, root, step) -> str:
@@ -119,8 +103,8 @@ def test_update_hanging_past_its_timeout(fault, make_forwarder, tmp_path):
         run(forwarder.update_actor(batch()))
 
 
-def test_generate_hanging_past_its_timeout(fault, model_dir):
-    server = make_server(model_dir, "remote_backend.timeouts.generate=1")
+def test_generate_hanging_past_its_timeout(fault, tiny_model_dir):
+    server = make_server(tiny_model_dir, "remote_backend.timeouts.generate=1")
     ScriptedBackend.SCRIPT["generate"] = "hang"
     with fault.expect(BackendTimeoutError, match=r"generate did not finish within 1s.*timeouts\.generate", within_s=5):
         run(server.generate("r1", prompt_ids=[5, 6, 7], sampling_params={"max_tokens": 4}))
@@ -159,8 +143,8 @@ def test_malformed_log_probs_are_named(fault, make_forwarder, kind, match):
         run(forwarder.compute_log_prob(batch()))
 
 
-def test_out_of_vocabulary_token_is_named(fault, model_dir):
-    server = make_server(model_dir)
+def test_out_of_vocabulary_token_is_named(fault, tiny_model_dir):
+    server = make_server(tiny_model_dir)
     ScriptedBackend.SCRIPT["generate"] = "oov"
     vocab = server._vocab_size
     assert vocab is not None
@@ -257,7 +241,7 @@ BAD_INPUT_EXPECTED = {
 
 
 @pytest.mark.parametrize("case", list(BAD_INPUT_EXPECTED))
-def test_bad_input_is_refused_before_ray_starts(fault, model_dir, tmp_path, case):
+def test_bad_input_is_refused_before_ray_starts(fault, tiny_model_dir, tmp_path, case):
     import ray
 
     from remote_e2e import build_gsm8k, small_ci_overrides
@@ -269,8 +253,8 @@ def test_bad_input_is_refused_before_ray_starts(fault, model_dir, tmp_path, case
     if case.startswith("local engine on cuda") and torch.cuda.device_count() > 0:
         pytest.skip("this machine has a GPU")
     train, test = build_gsm8k(tmp_path / "data")
-    base = small_ci_overrides(model=model_dir, train=train, test=test, ckpt_dir=tmp_path / "ckpt", steps=2)
-    changes = _bad_input_cases()[case](model_dir, tmp_path)
+    base = small_ci_overrides(model=tiny_model_dir, train=train, test=test, ckpt_dir=tmp_path / "ckpt", steps=2)
+    changes = _bad_input_cases()[case](tiny_model_dir, tmp_path)
     keys = {c.split("=", 1)[0] for c in changes}
     overrides = [o for o in base if o.split("=", 1)[0] not in keys] + changes
     assert not ray.is_initialized()

@@ -15,6 +15,7 @@ the dead process is gone (no leak) and that checkpoints saved before are intact.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import re
 import signal
@@ -28,9 +29,10 @@ import pytest
 import torch
 
 from faults.backends import CorruptingLocalBackend
-from faults.conftest import bounded
 from local_backend_helpers import dense_rollout_batch, engine_info, random_rollouts, to_no_padding
-from remote_e2e import TESTS_DIR, _tree, build_gsm8k, build_model, compose, small_ci_overrides
+from support.aio import run_async
+from support.forwarder import in_process_forwarder
+from remote_e2e import _tree, build_gsm8k, compose, external_modules_env, small_ci_overrides
 from verl.remote_backend.reaper import is_running
 from verl.remote_backend.errors import BackendDiedError, BackendOutputError, ResumeCheckpointError
 
@@ -40,8 +42,7 @@ pytestmark = pytest.mark.slow
 DEATH_BOUND_S = 30
 
 
-def run(coro, cap_s=120):
-    return asyncio.run(bounded(coro, cap_s))
+run = functools.partial(run_async, cap_s=120)  # every op of these tests is bounded: a hang fails fast
 
 
 def gone(pid: int, within_s: float = 15) -> bool:
@@ -55,11 +56,6 @@ def gone(pid: int, within_s: float = 15) -> bool:
             return True
         time.sleep(0.2)
     return False
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> str:
-    return build_model(tmp_path_factory.mktemp("slow_faults_model"))
 
 
 @pytest.fixture(autouse=True)
@@ -87,11 +83,11 @@ def local_config(model_dir: str, *overrides: str):
 
 
 @pytest.fixture
-def engine(ray_session, model_dir):
+def engine(ray_session, tiny_model_dir):
     """A fresh local engine (Ray actor) behind ``fault-local``; yields (owner client, config)."""
     from verl.remote_backend import RemoteBackendRegistry
 
-    cfg = local_config(model_dir, "data.max_response_length=1024")
+    cfg = local_config(tiny_model_dir, "data.max_response_length=1024")
     owner = RemoteBackendRegistry.create("fault-local", cfg)
     yield owner, cfg
     asyncio.run(owner.destroy())
@@ -99,32 +95,21 @@ def engine(ray_session, model_dir):
 
 
 @pytest.fixture(scope="module")
-def shared(ray_session, model_dir):
+def shared(ray_session, tiny_model_dir):
     """One healthy engine with a forwarder and a rollout server, for faults that do not kill it."""
     from verl.remote_backend import RemoteBackendRegistry
     from verl.workers.rollout.remote_rollout.server import RemoteRolloutServer
 
-    cfg = local_config(model_dir)
+    cfg = local_config(tiny_model_dir)
     owner = RemoteBackendRegistry.create("fault-local", cfg)
     with pytest.MonkeyPatch.context() as mp:
         yield {
             "owner": owner,
-            "forwarder": forwarder_for(cfg, owner.reconnect_handle(), mp),
+            "forwarder": in_process_forwarder(cfg, owner.reconnect_handle(), mp),
             "server": RemoteRolloutServer(cfg, owner.reconnect_handle(), 0),
         }
     asyncio.run(owner.destroy())
     assert gone(int(owner.info["pid"]))
-
-
-def forwarder_for(cfg, handle, monkeypatch):
-    from verl.remote_backend.worker import RemoteBackendWorker
-
-    for key, value in {"WORLD_SIZE": "1", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29595"}.items():
-        monkeypatch.setenv(key, value)
-    worker = RemoteBackendWorker(cfg.actor_rollout_ref, role="actor_rollout")
-    worker.init_model()
-    worker.attach_backend(cfg, handle)
-    return worker
 
 
 def update_batch(n=16, epochs=1, seed=0):
@@ -155,7 +140,7 @@ def save(forwarder, root: Path, step: int) -> str:
 # ---------------------------------------------------------------- local engine killed
 def test_engine_killed_during_update_actor(fault, engine, monkeypatch, tmp_path):
     owner, cfg = engine
-    forwarder = forwarder_for(cfg, owner.reconnect_handle(), monkeypatch)
+    forwarder = in_process_forwarder(cfg, owner.reconnect_handle(), monkeypatch)
     fault.protect(save(forwarder, tmp_path, 1))
     CorruptingLocalBackend.SCRIPT["update_actor"] = "kill"
     with fault.expect(
@@ -224,13 +209,13 @@ def test_real_engine_outputs_corrupted(fault, shared, op, kind, match):
 
 
 # ---------------------------------------------------------------- corrupt checkpoint before resume
-def test_corrupt_latest_checkpoint_is_refused_on_resume(fault, ray_session, model_dir, monkeypatch, tmp_path):
+def test_corrupt_latest_checkpoint_is_refused_on_resume(fault, ray_session, tiny_model_dir, monkeypatch, tmp_path):
     from verl.remote_backend import RemoteBackendRegistry
 
-    cfg = local_config(model_dir)
+    cfg = local_config(tiny_model_dir)
     first = RemoteBackendRegistry.create("fault-local", cfg)
     try:
-        forwarder = forwarder_for(cfg, first.reconnect_handle(), monkeypatch)
+        forwarder = in_process_forwarder(cfg, first.reconnect_handle(), monkeypatch)
         step1 = fault.protect(save(forwarder, tmp_path, 1))
         run(forwarder.update_actor(update_batch(n=8)))
         step2 = save(forwarder, tmp_path, 2)
@@ -243,7 +228,7 @@ def test_corrupt_latest_checkpoint_is_refused_on_resume(fault, ray_session, mode
 
     second = RemoteBackendRegistry.create("fault-local", cfg)
     try:
-        forwarder = forwarder_for(cfg, second.reconnect_handle(), monkeypatch)
+        forwarder = in_process_forwarder(cfg, second.reconnect_handle(), monkeypatch)
         with fault.expect(
             ResumeCheckpointError,
             match=rf"cannot resume from {re.escape(str(tmp_path / 'global_step_2'))}: CheckpointError: checkpoint file "
@@ -282,11 +267,11 @@ engine.save_checkpoint(f"{root}/global_step_2/actor", 2)
 """
 
 
-def test_checkpoint_write_killed_half_way(fault, model_dir, tmp_path):
+def test_checkpoint_write_killed_half_way(fault, tiny_model_dir, tmp_path):
     from verl.remote_backend.checkpoints import check_resume_checkpoint, complete_checkpoints
     from verl.workers.remote_client.local.checkpoint import write_checkpoint_dir
 
-    proc = subprocess.Popen([sys.executable, "-c", _WRITER, model_dir, str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, tiny_model_dir, str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 180
         while not (tmp_path / "WRITING").exists():
@@ -319,7 +304,7 @@ def test_checkpoint_write_killed_half_way(fault, model_dir, tmp_path):
 
 # ---------------------------------------------------------------- Arctic stand-in stopped mid-run
 @pytest.fixture
-def arctic(ray_session, model_dir, monkeypatch, tmp_path):
+def arctic(ray_session, tiny_model_dir, monkeypatch, tmp_path):
     """An arctic backend that launched the stand-in server itself, plus a forwarder attached to it."""
     pytest.importorskip("arctic_platform")
     from omegaconf import OmegaConf, open_dict
@@ -328,7 +313,7 @@ def arctic(ray_session, model_dir, monkeypatch, tmp_path):
     from verl.remote_backend import RemoteBackendRegistry
 
     port = free_port()
-    cfg = compose_config(model_dir, str(tmp_path / "ckpt"), port, ["actor_rollout_ref.actor.use_kl_loss=false"])
+    cfg = compose_config(tiny_model_dir, str(tmp_path / "ckpt"), port, ["actor_rollout_ref.actor.use_kl_loss=false"])
     with open_dict(cfg):
         for key, value in {
             "remote_backend.arctic.launch_server": True,
@@ -341,7 +326,7 @@ def arctic(ray_session, model_dir, monkeypatch, tmp_path):
     owner = RemoteBackendRegistry.create("arctic", cfg)
     proc = owner._server.proc
     try:
-        forwarder = forwarder_for(cfg, owner.reconnect_handle(), monkeypatch)
+        forwarder = in_process_forwarder(cfg, owner.reconnect_handle(), monkeypatch)
         yield {"owner": owner, "forwarder": forwarder, "proc": proc, "port": port, "cfg": cfg}
     finally:
         if proc.poll() is None:
@@ -411,20 +396,19 @@ def test_arctic_server_frozen_mid_call(fault, arctic):
 
 
 # ---------------------------------------------------------------- one full main_ppo run
-def test_full_run_engine_killed_during_update(fault, tmp_path):
+def test_full_run_engine_killed_during_update(fault, tiny_model_dir, tmp_path):
     """The whole trainer: the engine dies in step 2's update; the run fails fast, destroys the
     backend, leaves no process behind and keeps step 1's checkpoint."""
     data_dir, ckpt = tmp_path / "data", tmp_path / "ckpt"
     train, test = build_gsm8k(data_dir, max_train=16, max_test=4)
     overrides = small_ci_overrides(
-        model=build_model(tmp_path / "model"), train=train, test=test, ckpt_dir=ckpt, steps=3, save_freq=1,
+        model=tiny_model_dir, train=train, test=test, ckpt_dir=ckpt, steps=3, save_freq=1,
         backend="fault-local", batch_size=2, rollout_n=2,
     ) + ["actor_rollout_ref.actor.ppo_epochs=20"]  # fmt: skip
     env = dict(os.environ)
+    env.update(external_modules_env("faults.backends"))
     env.update(
         {
-            "VERL_USE_EXTERNAL_MODULES": "faults.backends",
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")])),
             "VRB_FAULT": "update_actor:kill:2",
             "RAY_DEDUP_LOGS": "0",
             "HYDRA_FULL_ERROR": "1",
@@ -490,13 +474,13 @@ INTERRUPT_BOUND_S = 15  # Ctrl-C to exit (the reliability issue)
 ORPHAN_BOUND_S = 30  # driver SIGKILL to no process of the run left
 
 
-def _start_long_run(tmp_path: Path) -> tuple[subprocess.Popen, Path, Path]:
+def _start_long_run(model: str, tmp_path: Path) -> tuple[subprocess.Popen, Path, Path]:
     """A 50-step run saving every step, in a session of its own (so a "terminal" Ctrl-C can reach its
     whole process group); returns once step 2 is logged: (process, log file, checkpoint root)."""
     data_dir, ckpt = tmp_path / "data", tmp_path / "ckpt"
     train, test = build_gsm8k(data_dir, max_train=16, max_test=4)
     overrides = small_ci_overrides(
-        model=build_model(tmp_path / "model"), train=train, test=test, ckpt_dir=ckpt, steps=50, save_freq=1,
+        model=model, train=train, test=test, ckpt_dir=ckpt, steps=50, save_freq=1,
         batch_size=2, rollout_n=2,
     )  # fmt: skip
     metrics, log = tmp_path / "metrics.jsonl", tmp_path / "run.log"
@@ -532,8 +516,8 @@ def _survivors(seen: dict, within_s: float) -> list:
     return alive
 
 
-def test_ctrl_c_exits_130_destroys_the_backend_and_prints_the_resume_command(fault, tmp_path):
-    proc, log, ckpt = _start_long_run(tmp_path)
+def test_ctrl_c_exits_130_destroys_the_backend_and_prints_the_resume_command(fault, tiny_model_dir, tmp_path):
+    proc, log, ckpt = _start_long_run(tiny_model_dir, tmp_path)
     seen = {p.pid: p for p in _tree(proc.pid) if p.pid != proc.pid}
     start = time.monotonic()
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
@@ -569,8 +553,8 @@ def test_ctrl_c_exits_130_destroys_the_backend_and_prints_the_resume_command(fau
     assert not leaked, f"processes outlived the run: {[(p.pid, _name(p)) for p in leaked]}"
 
 
-def test_killed_driver_leaves_no_process_of_the_run(fault, tmp_path):
-    proc, log, ckpt = _start_long_run(tmp_path)
+def test_killed_driver_leaves_no_process_of_the_run(fault, tiny_model_dir, tmp_path):
+    proc, log, ckpt = _start_long_run(tiny_model_dir, tmp_path)
     seen = {p.pid: p for p in _tree(proc.pid) if p.pid != proc.pid}
     assert any("EngineActor" in _name(p) for p in seen.values()), "the engine is not among the run's processes"
     start = time.monotonic()
