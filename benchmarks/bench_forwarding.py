@@ -67,7 +67,7 @@ def build_forwarder_group(config: Any, handle: dict[str, Any]):
     """One :class:`RemoteBackendWorker` in a verl worker group on a CPU pool, as the trainer builds it."""
     import ray
 
-    from verl.remote_backend.worker import RemoteBackendWorker
+    from verl.remote_backend.forwarder.worker import RemoteBackendWorker
     from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
     from verl.single_controller.ray.base import create_colocated_worker_cls
 
@@ -92,7 +92,7 @@ def run(sizes: Sequence[tuple[int, int, int]], *, repeats: int = 7, model_dir: s
     from benchmarks.null_backend import NAME
     from verl.remote_backend.registry import RemoteBackendRegistry
     from verl.remote_backend.testing.tiny_model import build_tiny_model
-    from verl.remote_backend.wire import to_wire
+    from verl.remote_backend.transport.wire import to_wire
     from verl.utils import tensordict_utils as tu
     from verl.workers.remote_client.local.objective import to_actor_config
 

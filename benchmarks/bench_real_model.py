@@ -242,7 +242,7 @@ def _training(
     import copy
 
     from benchmarks.bench_forwarding import compose_config
-    from verl.remote_backend.mfu import compute_mfu
+    from verl.remote_backend.forwarder.mfu import compute_mfu
     from verl.remote_backend.testing.batches import dense_rollout_batch, to_no_padding
 
     outs = engine.sample([engine.make_request(p, {"max_tokens": max_tokens, "temperature": 1.0, "seed": i})

@@ -161,7 +161,7 @@ def nested_verl_batch(batch: int, prompt_width: int, response_width: int, *, see
     ``input_ids`` / ``position_ids``), plus the non-tensor fields the trainer
     assigns before ``compute_log_prob`` or, with ``update=True``, ``update_actor``.
     """
-    from verl.remote_backend.cpu_compat import install_flash_attn_fallback
+    from verl.remote_backend.launch.cpu_compat import install_flash_attn_fallback
     from verl.utils import tensordict_utils as tu
     from verl.workers.utils.padding import left_right_2_no_padding
 

@@ -24,7 +24,7 @@ import torch
 from verl.remote_backend.registry import RemoteBackendRegistry
 from verl.remote_backend.results import BackendDevice, GenerateResult, LogProbResult, UpdateResult
 from verl.workers.remote_client.local.transport import LogProbWire
-from verl.workers.remote_client.local_backend import LocalBackend
+from verl.workers.remote_client.local.backend import LocalBackend
 
 __all__ = ["NAME", "NullBackend", "NullEngineActor", "worker_env"]
 

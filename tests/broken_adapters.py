@@ -12,7 +12,7 @@ import torch
 
 from stub_backend import StubBackend
 from verl.remote_backend import RemoteBackendRegistry
-from verl.workers.remote_client.local_backend import LocalBackend
+from verl.workers.remote_client.local.backend import LocalBackend
 
 #: registered name -> the check that must fail (and no other)
 BROKEN = {

@@ -9,7 +9,7 @@ from typing import Callable, Optional
 
 import pytest
 
-from verl.remote_backend.server_process import ServerProcess
+from verl.remote_backend.reliability.server_process import ServerProcess
 from remote_e2e import (
     TESTS_DIR,
     RunResult,

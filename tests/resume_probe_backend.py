@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Optional
 
 from verl.remote_backend import RemoteBackendRegistry
-from verl.workers.remote_client.local_backend import LocalBackend
+from verl.workers.remote_client.local.backend import LocalBackend
 
 
 @RemoteBackendRegistry.register("local-resume-probe")

@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Optional
 import torch
 
 from verl.remote_backend import GenerateResult, LogProbResult, RemoteBackend, UpdateResult
-from verl.remote_backend.batch_ref import BatchRef
+from verl.remote_backend.transport.batch_ref import BatchRef
 from verl.remote_backend.errors import BackendClosedError, BackendStoppedError
 from verl.remote_backend.results import BackendDevice
 

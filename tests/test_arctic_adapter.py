@@ -127,7 +127,7 @@ def test_log_prob_requests_are_split_by_verls_log_prob_micro_batches_with_identi
     """Each /forward carries verl's log-prob micro-batch (x the job's accumulation steps), not the whole batch."""
     from omegaconf import OmegaConf, open_dict
 
-    from verl.workers.remote_client.arctic_rl_client import ArcticBackend
+    from verl.workers.remote_client.arctic.client import ArcticBackend
 
     cfg = env["cfg"].copy()
     with open_dict(cfg):

@@ -187,7 +187,7 @@ def test_settings_arctic_computes_differently_are_refused_and_really_differ(serv
     from transformers import AutoTokenizer
 
     from verl.remote_backend.errors import ConfigError
-    from verl.workers.remote_client.arctic_rl_client import ArcticBackend
+    from verl.workers.remote_client.arctic.client import ArcticBackend
 
     cfg = _config(server, "refused", overrides + ["remote_backend.arctic.micro_batch_size=2"])
     with pytest.raises(ConfigError, match=re.escape(key)):

@@ -74,7 +74,7 @@ def test_adapter_configs_start_the_real_training_and_log_prob_jobs_and_checkpoin
 @pytest.mark.slow
 def test_stage_0_with_arctics_bf16_defaults_fails_in_deepspeed_and_is_refused_before_start(tiny_model_dir, tmp_path):
     from verl.remote_backend.errors import ConfigError
-    from verl.workers.remote_client.arctic_rl_client import ArcticBackend
+    from verl.workers.remote_client.arctic.client import ArcticBackend
 
     bad = _cfg(tiny_model_dir, tmp_path, "remote_backend.arctic.deepspeed.zero_optimization.stage=0")
     with pytest.raises(ConfigError, match=r"zero_optimization\.stage=0 .*grad_accum_dtype=fp32.*stage=1 \(the default\)"):
@@ -118,7 +118,7 @@ def test_float32_stage_0_reports_no_grad_norm_and_the_adapter_reports_none_not_z
 @pytest.mark.slow
 def test_non_flash_attention_lets_packed_sequences_see_each_other_here_as_on_a_gpu(tiny_model_dir, tmp_path):
     from verl.remote_backend.errors import ConfigError
-    from verl.workers.remote_client.arctic_rl_client import ArcticBackend
+    from verl.workers.remote_client.arctic.client import ArcticBackend
 
     with pytest.raises(ConfigError, match=r"attn_implementation='sdpa'.*flash_attention_2"):
         ArcticBackend.check_config(_cfg(tiny_model_dir, tmp_path, "actor_rollout_ref.model.override_config.attn_implementation=sdpa"))
@@ -136,7 +136,7 @@ def test_zorro_double_refuses_non_qwen3_and_uses_the_temperature_it_was_built_wi
 
     from verl.remote_backend.errors import ConfigError
     from verl.remote_backend.testing.tiny_model import build_tiny_model
-    from verl.workers.remote_client.arctic_rl_client import ArcticBackend
+    from verl.workers.remote_client.arctic.client import ArcticBackend
 
     qwen2 = tiny_model_dir  # the session's tiny model is a Qwen2
     qwen3 = build_tiny_model(str(tmp_path / "qwen3"), architecture="qwen3")
@@ -176,7 +176,7 @@ def test_the_example_scripts_settings_start_the_real_jobs(tiny_model_dir, tmp_pa
     the start-up checks, and its training and log-prob jobs start on the real engine in bf16."""
     import re
 
-    from verl.workers.remote_client.arctic_rl_client import ArcticBackend
+    from verl.workers.remote_client.arctic.client import ArcticBackend
 
     script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "gsm8k_remote", "run_gsm8k_grpo_arctic.sh")
     values = {"$MODEL": tiny_model_dir, "$CKPT_DIR": str(tmp_path / "ckpt"), "$ARCTIC_HOST": "127.0.0.1", "$ARCTIC_PORT": "8000",

@@ -15,7 +15,7 @@ from verl.remote_backend.errors import ConfigError
 from verl.workers.remote_client.arctic.bodies import row_chunks
 from verl.workers.remote_client.arctic.config import load_arctic_config
 from verl.workers.remote_client.arctic.derive import derive_log_prob_ds_config, derive_vllm_config, log_prob_rows_per_request
-from verl.workers.remote_client.arctic_rl_client import ArcticBackend
+from verl.workers.remote_client.arctic.client import ArcticBackend
 
 from arctic_standin.harness import compose_config
 

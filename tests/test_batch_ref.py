@@ -20,13 +20,13 @@ from stub_backend import StubBackend
 from support.forwarder import in_process_forwarder
 from verl.remote_backend import LogProbResult, RemoteBackendRegistry, UpdateResult
 from verl.remote_backend.base import accepts_batch_refs
-from verl.remote_backend.batch_ref import BatchRef, non_tensor_fields
-from verl.remote_backend.dispatch import collect_outputs, dispatch_by_reference
-from verl.remote_backend.wire import WireBatch
-from verl.remote_backend.layout import packed_to_nested
-from verl.remote_backend.metrics import normalise_metrics
+from verl.remote_backend.transport.batch_ref import BatchRef, non_tensor_fields
+from verl.remote_backend.forwarder.dispatch import collect_outputs, dispatch_by_reference
+from verl.remote_backend.transport.wire import WireBatch
+from verl.remote_backend.transport.layout import packed_to_nested
+from verl.remote_backend.forwarder.metrics import normalise_metrics
 from verl.remote_backend.results import as_update_result
-from verl.remote_backend.step_timing import StepTiming, remote_overhead_metrics
+from verl.remote_backend.forwarder.step_timing import StepTiming, remote_overhead_metrics
 from verl.utils import tensordict_utils as tu
 
 COMPUTE_S = 0.125

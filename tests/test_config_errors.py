@@ -15,8 +15,8 @@ from stub_backend import StubBackend
 from verl.remote_backend import RemoteBackend, RemoteBackendRegistry, UnknownBackendError
 from verl.remote_backend.main_ppo import run
 from verl.remote_backend.errors import ConfigError
-from verl.remote_backend.rules import REMOTE_ROLLOUT_NAME
-from verl.remote_backend.validation import required_ray_cpus, validate_remote_backend_config
+from verl.remote_backend.launch.rules import REMOTE_ROLLOUT_NAME
+from verl.remote_backend.launch.validation import required_ray_cpus, validate_remote_backend_config
 
 # The smallest valid remote-backend config; each test changes one thing.
 GOOD = list(REMOTE_BASE_OVERRIDES)
@@ -46,7 +46,7 @@ def _fails_before_workers(overrides, error=ConfigError):
 
 
 def _refused_by_validation(overrides) -> str:
-    """For keys the entry point derives (``derived_settings.py``): the entry point would set them, so
+    """For keys the entry point derives (``launch/derive.py``): the entry point would set them, so
     call the validation the trainer also runs - what a launcher that skips the entry point meets."""
     with pytest.raises(ConfigError) as info:
         validate_remote_backend_config(compose(overrides))

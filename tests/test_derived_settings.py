@@ -19,10 +19,10 @@ from remote_e2e import (
     compose,
     verl_grpo_gsm8k_line,
 )
-from verl.remote_backend.derived_settings import derive_remote_settings, describe, explicit_override_keys
+from verl.remote_backend.launch.derive import derive_remote_settings, describe, explicit_override_keys
 from verl.remote_backend.errors import ConfigError
-from verl.remote_backend.rules import check_required_settings, required_settings
-from verl.remote_backend.validation import validate_remote_backend_config
+from verl.remote_backend.launch.rules import check_required_settings, required_settings
+from verl.remote_backend.launch.validation import validate_remote_backend_config
 
 
 @pytest.fixture(scope="module")

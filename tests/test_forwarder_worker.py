@@ -46,7 +46,7 @@ def _checkpoint_calls() -> list:
 
 @pytest.fixture
 def forwarder(tiny_model_dir, monkeypatch):
-    import verl.remote_backend.worker as worker_module
+    import verl.remote_backend.forwarder.worker as worker_module
 
     # every backend call starts at 100 * i and ends SECONDS later
     clock_values = iter(v for pair in ((100.0 * i, 100.0 * i + SECONDS) for i in itertools.count()) for v in pair)

@@ -17,15 +17,15 @@ import time
 import psutil
 import pytest
 
-from verl.remote_backend.failure_report import failure_report, root_cause
+from verl.remote_backend.launch.failure_report import failure_report, root_cause
 from verl.remote_backend.errors import RunInterruptedError
-from verl.remote_backend.interrupts import (
+from verl.remote_backend.launch.interrupts import (
     interrupt_report,
     raise_if_interrupted,
     resume_command,
     sigint_raises_keyboard_interrupt,
 )
-from verl.remote_backend.reaper import is_running
+from verl.remote_backend.launch.reaper import is_running
 from verl.remote_backend.errors import BackendDiedError
 
 
@@ -130,7 +130,7 @@ def test_sigint_raises_once_in_a_thread_where_ray_blocked_it():
 DRIVER = textwrap.dedent(
     """
     import subprocess, sys, time
-    from verl.remote_backend.reaper import start_reaper
+    from verl.remote_backend.launch.reaper import start_reaper
     reaper = start_reaper()
     # like a launched Arctic server: a session of its own, so no process-group kill reaches it
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)

@@ -1,11 +1,11 @@
-"""``verl.remote_backend.layout``: packed <-> padded conversions equal a per-row reference."""
+"""``verl.remote_backend.transport.layout``: packed <-> padded conversions equal a per-row reference."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from verl.remote_backend.layout import (
+from verl.remote_backend.transport.layout import (
     contiguous_rows,
     offsets_from_lengths,
     packed_index,

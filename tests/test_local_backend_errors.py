@@ -56,7 +56,7 @@ def test_unloadable_weights_name_the_key(tiny_model_dir, tmp_path):
 def test_backend_creation_fails_before_starting_ray_on_a_bad_path():
     """from_config validates first: no Ray session is needed to see the config error."""
     from verl.remote_backend.errors import ConfigError
-    from verl.workers.remote_client.local_backend import LocalBackend
+    from verl.workers.remote_client.local.backend import LocalBackend
 
     with pytest.raises(ConfigError, match="actor_rollout_ref.model.path"):
         LocalBackend.from_config(_cfg("/definitely/not/here"))
@@ -131,7 +131,7 @@ def test_yaml_defaults_equal_the_dataclass_defaults():
     import yaml
 
     import verl.remote_backend as rb
-    from verl.remote_backend.settings import build_settings
+    from verl.remote_backend.settings.loader import build_settings
     from verl.workers.remote_client.local.config import LocalBackendConfig
 
     path = os.path.join(os.path.dirname(rb.__file__), "config", "remote_backend", "local.yaml")

@@ -117,7 +117,7 @@ def test_save_and_load_checkpoint_through_ray(backend, tmp_path):
 def test_reattach_from_another_process_uses_the_same_engine_and_never_kills_it(backend, cfg):
     import ray
 
-    from verl.workers.remote_client.local_backend import LocalBackend
+    from verl.workers.remote_client.local.backend import LocalBackend
 
     handle = backend.reconnect_handle()
     engine_pid = run(engine_info(backend))["pid"]
@@ -142,7 +142,7 @@ def test_reattach_from_another_process_uses_the_same_engine_and_never_kills_it(b
 def test_owner_destroy_is_idempotent_and_stops_the_engine(ray_session, cfg):
     import ray
 
-    from verl.workers.remote_client.local_backend import LocalBackend
+    from verl.workers.remote_client.local.backend import LocalBackend
 
     b = LocalBackend.from_config(cfg)
     actor = b.reconnect_handle()["actor"]
@@ -184,7 +184,7 @@ def test_engine_start_failure_surfaces_the_engine_error(ray_session, tiny_model_
     from omegaconf import OmegaConf
 
     from verl.remote_backend.errors import ConfigError
-    from verl.workers.remote_client.local_backend import LocalBackend
+    from verl.workers.remote_client.local.backend import LocalBackend
 
     broken = tmp_path / "broken"
     shutil.copytree(tiny_model_dir, broken)

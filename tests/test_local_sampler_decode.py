@@ -140,7 +140,7 @@ def _independent_forward_flops(config, seqlens: list[int]) -> float:
 def test_reported_mfu_matches_an_independent_flop_count_over_the_measured_peak(engine, tiny_model_dir):
     from transformers import AutoConfig
 
-    from verl.remote_backend.mfu import compute_mfu
+    from verl.remote_backend.forwarder.mfu import compute_mfu
     from verl.utils.flops_counter import FlopsCounter
 
     device = engine.device_report()

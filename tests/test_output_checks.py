@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from verl.remote_backend.output_checks import check_log_prob_output, check_token_ids, check_update_output
+from verl.remote_backend.forwarder.output_checks import check_log_prob_output, check_token_ids, check_update_output
 from verl.remote_backend.errors import BackendOutputError
 from verl.remote_backend.results import (
     BackendDevice,

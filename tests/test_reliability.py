@@ -10,9 +10,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from support.aio import run_async as run
-from verl.remote_backend.guard import BackendGuard, log_location, run_with_timeout, supports_health
+from verl.remote_backend.reliability.guard import BackendGuard, log_location, run_with_timeout, supports_health
 from verl.remote_backend.errors import BackendDiedError, BackendTimeoutError, BackendTransportError
-from verl.remote_backend.reliability import (
+from verl.remote_backend.reliability.policy import (
     IDEMPOTENT_OPS,
     NEVER_RETRIED_OPS,
     LivenessSettings,
@@ -239,7 +239,7 @@ def test_a_call_on_a_destroyed_client_is_reported_as_a_stop_not_a_death(caplog):
     async def after_destroy():
         raise BackendClosedError("this LocalBackend was destroyed; create or re-attach a new one")
 
-    with caplog.at_level("WARNING", logger="verl.remote_backend.guard"):
+    with caplog.at_level("WARNING", logger="verl.remote_backend.reliability.guard"):
         with pytest.raises(BackendStoppedError, match=r"'local' was stopped during generate \(.*was destroyed.*\).*not a crash"):
             run(guard.call("generate", after_destroy))
     assert not [r for r in caplog.records if r.levelname == "ERROR"], "a stop must not be logged as an error"
@@ -271,7 +271,7 @@ def test_an_engine_stopped_by_ray_kill_is_reported_as_a_stop_not_a_death(caplog)
             ray.kill(engine, no_restart=True)  # what LocalBackend.destroy() does
             return await call
 
-        with caplog.at_level("WARNING", logger="verl.remote_backend.guard"):
+        with caplog.at_level("WARNING", logger="verl.remote_backend.reliability.guard"):
             with pytest.raises(BackendStoppedError, match=r"'local' was stopped during generate \(.*ray.kill.*\).*not a crash"):
                 run(in_flight_then_teardown())
         assert not [r for r in caplog.records if r.levelname == "ERROR"], "a stop must not be logged as an error"

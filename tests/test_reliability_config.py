@@ -21,7 +21,7 @@ from remote_e2e import REMOTE_BASE_OVERRIDES, REPO_ROOT, compose
 from verl.remote_backend.main_ppo import run
 from verl.remote_backend.errors import ResumeCheckpointError
 from verl.remote_backend.errors import ConfigError
-from verl.remote_backend.validation import validate_remote_backend_config
+from verl.remote_backend.launch.validation import validate_remote_backend_config
 from verl.workers.remote_client.local.checkpoint import write_checkpoint_dir
 
 BASE = [

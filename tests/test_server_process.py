@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-from verl.remote_backend.server_process import ServerProcess
+from verl.remote_backend.reliability.server_process import ServerProcess
 
 # A leader that exits on SIGTERM and a worker that ignores SIGTERM: what an engine server's
 # spawned workers can look like. The worker writes its pid so the test can watch it.

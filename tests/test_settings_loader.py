@@ -10,7 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from verl.remote_backend.errors import BackendError, BackendOutputError, BackendTransportError, ConfigError
-from verl.remote_backend.settings import block, build_settings, load_settings, select, setting
+from verl.remote_backend.settings.loader import block, build_settings, load_settings, select, setting
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ def test_the_checkpoint_core_asks_the_backend_about_its_own_files(tmp_path):
 
 
 def test_each_validation_rule_stands_alone():
-    from verl.remote_backend import validation
+    from verl.remote_backend.launch import validation
 
     cfg = OmegaConf.create({"trainer": {"default_hdfs_dir": "hdfs://x", "device": "cpu", "n_gpus_per_node": 2, "nnodes": 1}})
     with pytest.raises(ConfigError, match=r"^trainer.default_hdfs_dir='hdfs://x': .*Fix: set trainer.default_hdfs_dir=null"):

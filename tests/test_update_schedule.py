@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verl.remote_backend.batch_ref import BatchRef, batch_field
+from verl.remote_backend.transport.batch_ref import BatchRef, batch_field
 from verl.remote_backend.errors import ConfigError
 from verl.remote_backend.update_schedule import UpdateSchedule, optimizer_step_rows, read_update_schedule
 from verl.utils import tensordict_utils as tu

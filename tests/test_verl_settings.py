@@ -1,5 +1,5 @@
 """Both backends derive the same settings from the same verl config: grad clip, LR schedule,
-reference model, model path (``verl/remote_backend/verl_settings.py``, verl 0.7.1's rules)."""
+reference model, model path (``verl/remote_backend/settings/verl_config.py``, verl 0.7.1's rules)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A verl batch crossing a process hop as numpy buffers (``verl.remote_backend.wire``).
+"""A verl batch crossing a process hop as numpy buffers (``verl.remote_backend.transport.wire``).
 
 Checks that what arrives is the same ``TensorDict`` - every field, in order,
 nested-jagged tensors with their offsets and cached sequence-length bounds,
@@ -15,7 +15,7 @@ import torch
 from tensordict import TensorDict
 from tensordict.tensorclass import NonTensorData
 
-from verl.remote_backend.wire import WireBatch, to_wire
+from verl.remote_backend.transport.wire import WireBatch, to_wire
 from verl.utils import tensordict_utils as tu
 
 

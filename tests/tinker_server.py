@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 from support.ports import free_port
-from verl.remote_backend.server_process import ServerProcess
+from verl.remote_backend.reliability.server_process import ServerProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SETUP_SCRIPT = REPO_ROOT / "scripts" / "setup_tinker_server.sh"

@@ -28,7 +28,7 @@ from typing import Any, Optional
 
 from stub_backend import StubBackend, corrupt
 from verl.remote_backend import RemoteBackendRegistry
-from verl.workers.remote_client.local_backend import LocalBackend
+from verl.workers.remote_client.local.backend import LocalBackend
 
 __all__ = ["ScriptedBackend", "CorruptingLocalBackend", "corrupt"]
 

@@ -245,7 +245,7 @@ def test_bad_input_is_refused_before_ray_starts(fault, tiny_model_dir, tmp_path,
     import ray
 
     from remote_e2e import build_gsm8k, small_ci_overrides
-    from verl.remote_backend.failure_report import failure_report
+    from verl.remote_backend.launch.failure_report import failure_report
     from verl.remote_backend.main_ppo import run
     from verl.remote_backend.errors import ResumeCheckpointError
     from verl.remote_backend.errors import ConfigError

@@ -33,7 +33,7 @@ from local_backend_helpers import dense_rollout_batch, engine_info, random_rollo
 from support.aio import run_async
 from support.forwarder import in_process_forwarder
 from remote_e2e import _tree, build_gsm8k, compose, external_modules_env, small_ci_overrides
-from verl.remote_backend.reaper import is_running
+from verl.remote_backend.launch.reaper import is_running
 from verl.remote_backend.errors import BackendDiedError, BackendOutputError, ResumeCheckpointError
 
 pytestmark = pytest.mark.slow

@@ -17,7 +17,7 @@ def set_single_rank_env(monkeypatch) -> None:
 def in_process_forwarder(config: Any, handle: Any, monkeypatch, *, role: str = "actor_rollout"):
     """A ``RemoteBackendWorker`` for ``config.actor_rollout_ref`` in this process, its model initialised
     and attached to the backend of ``handle`` (``{}`` for backends that need no handle)."""
-    from verl.remote_backend.worker import RemoteBackendWorker
+    from verl.remote_backend.forwarder.worker import RemoteBackendWorker
 
     set_single_rank_env(monkeypatch)
     worker = RemoteBackendWorker(config.actor_rollout_ref, role=role)

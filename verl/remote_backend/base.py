@@ -56,7 +56,7 @@ class RemoteBackend(abc.ABC):
     #: Registry name, set by :meth:`RemoteBackendRegistry.register`.
     name: ClassVar[str] = ""
     #: Capability: ``compute_log_prob`` / ``update_actor`` may receive ``data`` as a
-    #: :class:`~verl.remote_backend.batch_ref.BatchRef` (the batch left in Ray's object
+    #: :class:`~verl.remote_backend.transport.batch_ref.BatchRef` (the batch left in Ray's object
     #: store). A backend whose engine is a Ray actor passes ``data.ref`` as a top-level actor
     #: argument so Ray resolves it in the engine's process, skipping the forwarder's copy.
     accepts_batch_refs: ClassVar[bool] = False

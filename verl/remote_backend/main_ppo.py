@@ -16,12 +16,12 @@ from typing import Any, Optional
 
 import hydra
 
-from verl.remote_backend.derived_settings import derive_remote_settings, describe, explicit_override_keys
-from verl.remote_backend.failure_report import failure_report, root_cause
+from verl.remote_backend.launch.derive import derive_remote_settings, describe, explicit_override_keys
+from verl.remote_backend.launch.failure_report import failure_report, root_cause
 from verl.remote_backend.errors import RunInterruptedError
-from verl.remote_backend.interrupts import EXIT_CODE_INTERRUPTED, RunnerLauncher, interrupt_report
-from verl.remote_backend.reaper import start_reaper
-from verl.remote_backend.validation import backend_name, required_ray_cpus, validate_remote_backend_config
+from verl.remote_backend.launch.interrupts import EXIT_CODE_INTERRUPTED, RunnerLauncher, interrupt_report
+from verl.remote_backend.launch.reaper import start_reaper
+from verl.remote_backend.launch.validation import backend_name, required_ray_cpus, validate_remote_backend_config
 
 __all__ = ["main", "run"]
 
@@ -71,7 +71,7 @@ def run(config: Any, explicit_keys: Optional[Collection[str]] = None) -> None:
     down, prints how to resume and exits with 130.
 
     ``explicit_keys``: the keys the user set (Hydra overrides); with a remote backend, keys with
-    one valid value are derived (``derived_settings.py``) unless set explicitly to a value that
+    one valid value are derived (``launch/derive.py``) unless set explicitly to a value that
     cannot work. ``None`` treats every key as left at its default."""
     import ray
 
@@ -117,7 +117,7 @@ def run(config: Any, explicit_keys: Optional[Collection[str]] = None) -> None:
 def main(config: Any) -> None:
     """Hydra entry point (``python -m verl.remote_backend.main_ppo``).
 
-    A failure prints :func:`~verl.remote_backend.failure_report.failure_report` (cause, fix, logs)
+    A failure prints :func:`~verl.remote_backend.launch.failure_report.failure_report` (cause, fix, logs)
     before Hydra's own error line and the traceback."""
     try:
         run(config, explicit_keys=_hydra_override_keys())

@@ -33,9 +33,9 @@ class RemoteBackendRegistry:
 
     #: Built-in backends: name -> module that registers it when imported.
     MODULES: dict[str, str] = {
-        "local": "verl.workers.remote_client.local_backend",
-        "arctic": "verl.workers.remote_client.arctic_rl_client",
-        "tinker": "verl.workers.remote_client.tinker_client",
+        "local": "verl.workers.remote_client.local.backend",
+        "arctic": "verl.workers.remote_client.arctic.client",
+        "tinker": "verl.workers.remote_client.tinker.client",
     }
     #: pip extra that provides a built-in backend's dependencies.
     INSTALL_HINTS: dict[str, str] = {

@@ -16,9 +16,9 @@ from typing import Any
 
 import ray
 
-from verl.remote_backend.cpu_compat import install_flash_attn_fallback
+from verl.remote_backend.launch.cpu_compat import install_flash_attn_fallback
 from verl.remote_backend.errors import RunInterruptedError
-from verl.remote_backend.interrupts import sigint_raises_keyboard_interrupt
+from verl.remote_backend.launch.interrupts import sigint_raises_keyboard_interrupt
 from verl.remote_backend.trainer import CPUResourcePoolManager, RemoteBackendTrainer, forwarder_role
 from verl.trainer.main_ppo import TaskRunner
 
@@ -43,7 +43,7 @@ class RemoteBackendTaskRunner(TaskRunner):
 
     def add_actor_rollout_worker(self, config: Any):
         """The actor(+ref) role is the CPU forwarder; no verl engine worker is imported."""
-        from verl.remote_backend.worker import RemoteBackendWorker
+        from verl.remote_backend.forwarder.worker import RemoteBackendWorker
         from verl.single_controller.ray import RayWorkerGroup
 
         role = forwarder_role(config)

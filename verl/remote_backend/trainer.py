@@ -18,13 +18,13 @@ from typing import Any, Optional
 import ray
 
 from verl.remote_backend.base import RemoteBackend, destroy_backend
-from verl.remote_backend.cpu_compat import install_flash_attn_fallback
-from verl.remote_backend.guard import run_with_timeout
+from verl.remote_backend.launch.cpu_compat import install_flash_attn_fallback
+from verl.remote_backend.reliability.guard import run_with_timeout
 from verl.remote_backend.errors import BackendTimeoutError, ConfigError, RunInterruptedError
-from verl.remote_backend.interrupts import raise_if_interrupted
+from verl.remote_backend.launch.interrupts import raise_if_interrupted
 from verl.remote_backend.registry import RemoteBackendRegistry
-from verl.remote_backend.reliability import ReliabilitySettings
-from verl.remote_backend.validation import (
+from verl.remote_backend.reliability.policy import ReliabilitySettings
+from verl.remote_backend.launch.validation import (
     RemoteRunPlan,
     validate_remote_backend_config,
 )
@@ -111,7 +111,7 @@ class RemoteBackendTrainer(RayPPOTrainer):
         self._forwarded_wall_s = 0.0  # driver seconds of this step's forwarded calls so far
         install_flash_attn_fallback()
 
-        from verl.remote_backend.worker import RemoteBackendWorker
+        from verl.remote_backend.forwarder.worker import RemoteBackendWorker
 
         role_worker_mapping = {
             role: cls
@@ -165,7 +165,7 @@ class RemoteBackendTrainer(RayPPOTrainer):
             self._forwarded_wall_s += time.perf_counter() - start
 
     def _update_actor(self, batch: Any) -> Any:
-        from verl.remote_backend.step_timing import remote_overhead_metrics
+        from verl.remote_backend.forwarder.step_timing import remote_overhead_metrics
 
         raise_if_interrupted()
         start = time.perf_counter()
@@ -180,7 +180,7 @@ class RemoteBackendTrainer(RayPPOTrainer):
         """verl's training loop; the backend is destroyed afterwards, whatever happens.
 
         Raises:
-            RunInterruptedError: Ctrl-C (SIGINT, see :mod:`verl.remote_backend.interrupts`),
+            RunInterruptedError: Ctrl-C (SIGINT, see :mod:`verl.remote_backend.launch.interrupts`),
                 after the backend's teardown; carries the last step that finished.
         """
         try:

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional, Union
 
 import torch
 
-from verl.remote_backend.batch_ref import BatchRef, batch_field
+from verl.remote_backend.transport.batch_ref import BatchRef, batch_field
 from verl.remote_backend.errors import ConfigError
-from verl.remote_backend.settings import select
+from verl.remote_backend.settings.loader import select
 
 if TYPE_CHECKING:
     from tensordict import TensorDict

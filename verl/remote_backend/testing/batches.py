@@ -55,7 +55,7 @@ def to_no_padding(dense: TensorDict, **non_tensor: Any) -> TensorDict:
     """What the forwarder hands a backend: verl's ``left_right_2_no_padding`` of ``dense`` (a
     copy; ``input_ids`` / ``position_ids`` become nested-jagged) with ``non_tensor`` fields
     (``calculate_entropy``, ``temperature``, ``mini_batch_size``, ``epochs``, ...) assigned."""
-    from verl.remote_backend.cpu_compat import install_flash_attn_fallback
+    from verl.remote_backend.launch.cpu_compat import install_flash_attn_fallback
     from verl.utils import tensordict_utils as tu
     from verl.workers.utils.padding import left_right_2_no_padding
 

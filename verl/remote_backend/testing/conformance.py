@@ -28,11 +28,11 @@ from verl.remote_backend.base import (
     supports_health,
     supports_resume,
 )
-from verl.remote_backend.output_checks import check_log_prob_output
+from verl.remote_backend.forwarder.output_checks import check_log_prob_output
 from verl.remote_backend.registry import RemoteBackendRegistry
 from verl.remote_backend.errors import BackendClosedError
-from verl.remote_backend.metrics import metric_scalar
-from verl.remote_backend.reliability import is_retryable
+from verl.remote_backend.forwarder.metrics import metric_scalar
+from verl.remote_backend.reliability.policy import is_retryable
 from verl.remote_backend.results import GenerateResult, LogProbResult, UpdateResult
 from verl.remote_backend.testing.batches import dense_rollout_batch, to_no_padding
 
@@ -156,8 +156,8 @@ def kit_config(backend: str, overrides: Sequence[str] = (), *, model_path: Optio
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
-    from verl.remote_backend.derived_settings import derive_remote_settings, explicit_override_keys
-    from verl.remote_backend.validation import validate_remote_backend_config
+    from verl.remote_backend.launch.derive import derive_remote_settings, explicit_override_keys
+    from verl.remote_backend.launch.validation import validate_remote_backend_config
 
     user = list(overrides)
     if not any(o.split("=", 1)[0].lstrip("+") == "actor_rollout_ref.model.path" for o in user):
@@ -686,8 +686,8 @@ class _Kit:
     def _batch_ref_call(self) -> None:
         import ray
 
-        from verl.remote_backend.batch_ref import BatchRef
-        from verl.remote_backend.wire import to_wire
+        from verl.remote_backend.transport.batch_ref import BatchRef
+        from verl.remote_backend.transport.wire import to_wire
 
         data = self._batch([0, 1])
         direct = self._rows(data, self._call(self._log_probs(self.owner, data)))

@@ -1,4 +1,4 @@
-"""Helpers of the ``arctic`` backend (:mod:`verl.workers.remote_client.arctic_rl_client`).
+"""Helpers of the ``arctic`` backend (:mod:`verl.workers.remote_client.arctic.client`).
 
 The parts of the adapter that can be built and tested without an Arctic server: config and the
 settings derived from verl's, request bodies and tensor mapping, token-id generation, the

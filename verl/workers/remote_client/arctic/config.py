@@ -2,7 +2,7 @@
 
 Defaults live in ``verl/remote_backend/config/remote_backend/arctic.yaml`` (every
 key documented there). A ``null`` there means "derive it from verl's config"
-(:mod:`.derive`). Loaded by :func:`verl.remote_backend.settings.load_settings`.
+(:mod:`.derive`). Loaded by :func:`verl.remote_backend.settings.loader.load_settings`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from verl.remote_backend.errors import ConfigError
-from verl.remote_backend.settings import load_settings, setting
+from verl.remote_backend.settings.loader import load_settings, setting
 
 __all__ = ["ArcticConfig", "load_arctic_config", "CONFIG_KEY"]
 

@@ -28,8 +28,8 @@ import copy
 from typing import TYPE_CHECKING, Any, Optional
 
 from verl.remote_backend.errors import ConfigError
-from verl.remote_backend.settings import select
-from verl.remote_backend.verl_settings import lr_schedule, max_grad_norm, model_path, needs_reference
+from verl.remote_backend.settings.loader import select
+from verl.remote_backend.settings.verl_config import lr_schedule, max_grad_norm, model_path, needs_reference
 from verl.workers.remote_client.arctic.config import ArcticConfig
 from verl.workers.remote_client.arctic.json_data import to_json_safe
 
@@ -187,7 +187,7 @@ def log_prob_rows_per_request(main_config: "DictConfig", arctic: ArcticConfig, *
 
 
 def _derive_scheduler(main_config: "DictConfig", lr: float) -> Optional[dict]:
-    """verl's schedule (:func:`~verl.remote_backend.verl_settings.lr_schedule`) as DeepSpeed's, in optimizer steps."""
+    """verl's schedule (:func:`~verl.remote_backend.settings.verl_config.lr_schedule`) as DeepSpeed's, in optimizer steps."""
     schedule = lr_schedule(main_config)
     per_step = optimizer_steps_per_global_step(main_config)
     warmup = schedule.warmup_steps * per_step

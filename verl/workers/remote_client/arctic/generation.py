@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from verl.remote_backend.results import GenerateResult
-from verl.remote_backend.settings import select
+from verl.remote_backend.settings.loader import select
 from verl.workers.remote_client.arctic.errors import ArcticResponseError, PromptRoundTripError
 from verl.workers.remote_client.arctic.responses import require
 

@@ -13,7 +13,7 @@ import tempfile
 import time
 from typing import Optional, Sequence
 
-from verl.remote_backend.server_process import ServerProcess
+from verl.remote_backend.reliability.server_process import ServerProcess
 from verl.workers.remote_client.arctic.errors import ArcticUnreachableError
 from verl.workers.remote_client.arctic.server_http import probe_health
 

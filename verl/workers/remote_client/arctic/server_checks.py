@@ -11,8 +11,8 @@ import json
 import os
 from typing import TYPE_CHECKING, Optional
 
-from verl.remote_backend.settings import select
-from verl.remote_backend.verl_settings import model_path
+from verl.remote_backend.settings.loader import select
+from verl.remote_backend.settings.verl_config import model_path
 from verl.workers.remote_client.arctic.config import CONFIG_KEY, ArcticConfig
 
 if TYPE_CHECKING:

@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
 from verl.remote_backend.errors import ConfigError
-from verl.remote_backend.settings import block, load_settings, select, setting
-from verl.remote_backend.verl_settings import LrSchedule, local_model_dir, lr_schedule, max_grad_norm, model_path, needs_reference
+from verl.remote_backend.settings.loader import block, load_settings, select, setting
+from verl.remote_backend.settings.verl_config import LrSchedule, local_model_dir, lr_schedule, max_grad_norm, model_path, needs_reference
 
 __all__ = ["LocalBackendConfig", "EngineSettings", "DTYPES", "CONFIG_KEY"]
 

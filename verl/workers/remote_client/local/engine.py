@@ -20,7 +20,7 @@ from tensordict import TensorDict
 
 from verl.remote_backend.results import BackendDevice, GenerateResult, LogProbResult, UpdateResult
 from verl.remote_backend.errors import ConfigError
-from verl.remote_backend.mfu import measure_matmul_flops
+from verl.remote_backend.forwarder.mfu import measure_matmul_flops
 
 from .checkpoint import CheckpointError, get_rng_state, set_rng_state, verify_checkpoint_dir, write_checkpoint_dir
 from .config import EngineSettings

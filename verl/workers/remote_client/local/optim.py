@@ -2,7 +2,7 @@
 
 The optimizer comes from ``verl.workers.config.optimizer.build_optimizer`` (any
 ``torch.optim``-style class named by ``optimizer``/``optimizer_impl``); the schedule is
-the one :func:`verl.remote_backend.verl_settings.lr_schedule` derived, built with
+the one :func:`verl.remote_backend.settings.verl_config.lr_schedule` derived, built with
 ``verl.utils.torch_functional``'s warm-up schedules as verl's FSDP engine builds it.
 """
 

@@ -2,7 +2,7 @@
 
 ``compute_log_prob`` results are megabytes of per-token floats at RL batch sizes; as numpy they
 go out-of-band through Ray's object store instead of through ``torch.save`` (the conversions are
-those of :mod:`verl.remote_backend.wire`). The client turns them back into writable tensors, so
+those of :mod:`verl.remote_backend.transport.wire`). The client turns them back into writable tensors, so
 nothing downstream holds read-only object-store memory. Pure module (torch + numpy).
 """
 
@@ -14,7 +14,7 @@ from typing import Any, Optional
 import numpy as np
 
 from verl.remote_backend.results import BackendDevice, LogProbResult
-from verl.remote_backend.wire import numpy_able, tensor_from_numpy, tensor_to_numpy
+from verl.remote_backend.transport.wire import numpy_able, tensor_from_numpy, tensor_to_numpy
 
 __all__ = ["LogProbWire"]
 

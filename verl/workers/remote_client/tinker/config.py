@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
 from verl.remote_backend.errors import ConfigError
-from verl.remote_backend.settings import load_settings, select, setting
-from verl.remote_backend.verl_settings import lr_schedule, max_grad_norm
+from verl.remote_backend.settings.loader import load_settings, select, setting
+from verl.remote_backend.settings.verl_config import lr_schedule, max_grad_norm
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig

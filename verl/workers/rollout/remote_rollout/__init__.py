@@ -6,7 +6,7 @@ explains how to bind it); :class:`~verl.remote_backend.trainer.RemoteBackendTrai
 re-registers it bound to its backend before verl builds the AgentLoopManager.
 """
 
-from verl.remote_backend.rules import REMOTE_ROLLOUT_NAME
+from verl.remote_backend.launch.rules import REMOTE_ROLLOUT_NAME
 from verl.workers.rollout.replica import RolloutReplicaRegistry
 
 

@@ -22,7 +22,7 @@ MANAGER_FQN = f"{__name__}.SeededAgentLoopManager"
 
 def run_seed(config: Any) -> int:
     """The run's sampling seed: ``data.seed`` when set, else ``actor_rollout_ref.actor.data_loader_seed`` (42)."""
-    from verl.remote_backend.settings import select
+    from verl.remote_backend.settings.loader import select
 
     seed = select(config, "data.seed")
     if seed is None:

@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from verl.remote_backend.base import RemoteBackend, requires_single_forwarder, supports_resume
 from verl.remote_backend.checkpoints import check_resume_checkpoint, select_resume_checkpoint
-from verl.remote_backend.data_checks import check_data_files
+from verl.remote_backend.launch.data_checks import check_data_files
 from verl.remote_backend.errors import ConfigError
 from verl.remote_backend.registry import RemoteBackendRegistry
-from verl.remote_backend.reliability import ReliabilitySettings
-from verl.remote_backend.rules import check_required_settings
-from verl.remote_backend.settings import select
-from verl.remote_backend.verl_settings import local_model_dir
+from verl.remote_backend.reliability.policy import ReliabilitySettings
+from verl.remote_backend.launch.rules import check_required_settings
+from verl.remote_backend.settings.loader import select
+from verl.remote_backend.settings.verl_config import local_model_dir
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig

@@ -58,8 +58,8 @@ from verl.remote_backend.errors import (
 )
 from verl.remote_backend.registry import RemoteBackendRegistry
 from verl.remote_backend.results import BackendDevice, GenerateResult, LogProbResult, UpdateResult
-from verl.remote_backend.server_process import ServerProcess
-from verl.remote_backend.settings import select
+from verl.remote_backend.reliability.server_process import ServerProcess
+from verl.remote_backend.settings.loader import select
 from verl.remote_backend.update_schedule import optimizer_step_rows, read_update_schedule
 from verl.workers.remote_client.tinker import batch as tb
 from verl.workers.remote_client.tinker.config import (

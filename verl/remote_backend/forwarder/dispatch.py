@@ -14,8 +14,8 @@ from typing import Any
 
 from tensordict import TensorDict
 
-from verl.remote_backend.batch_ref import BatchRef
-from verl.remote_backend.wire import to_wire
+from verl.remote_backend.transport.batch_ref import BatchRef
+from verl.remote_backend.transport.wire import to_wire
 
 __all__ = ["make_forwarder_dispatch_fn", "dispatch_by_reference", "collect_outputs"]
 

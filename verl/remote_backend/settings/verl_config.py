@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from verl.remote_backend.errors import ConfigError
-from verl.remote_backend.settings import select
+from verl.remote_backend.settings.loader import select
 
 __all__ = [
     "MODEL_PATH_KEY",

@@ -13,15 +13,15 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from verl.remote_backend.base import RemoteBackend
 from verl.remote_backend.results import GenerateResult, LogProbResult, UpdateResult
-from verl.remote_backend.batch_ref import BatchRef
+from verl.remote_backend.transport.batch_ref import BatchRef
 from verl.remote_backend.errors import BackendClosedError, ConfigError
-from verl.remote_backend.failure_report import ray_log_dir
+from verl.remote_backend.launch.failure_report import ray_log_dir
 from verl.remote_backend.registry import RemoteBackendRegistry
-from verl.remote_backend.settings import load_settings, select
-from verl.remote_backend.wire import to_wire
+from verl.remote_backend.settings.loader import load_settings, select
+from verl.remote_backend.transport.wire import to_wire
 
-from .local import checkpoint as local_checkpoint
-from .local.config import CONFIG_KEY, EngineSettings, LocalBackendConfig
+from verl.workers.remote_client.local import checkpoint as local_checkpoint
+from verl.workers.remote_client.local.config import CONFIG_KEY, EngineSettings, LocalBackendConfig
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -103,7 +103,7 @@ class LocalBackend(RemoteBackend):
         settings = EngineSettings.from_main_config(main_config)
         import ray
 
-        from .local.actor import remote_engine_class
+        from verl.workers.remote_client.local.actor import remote_engine_class
 
         if not ray.is_initialized():
             raise RuntimeError("LocalBackend.from_config needs a running Ray session: call ray.init() first")
@@ -223,7 +223,7 @@ class LocalBackend(RemoteBackend):
 
     def _actor_config(self, actor_config: Any) -> Any:
         """verl's ``ActorConfig`` for ``actor_config``, converted once per distinct block object."""
-        from .local.objective import to_actor_config
+        from verl.workers.remote_client.local.objective import to_actor_config
 
         cached = self._actor_config_cache
         if cached is None or cached[0] is not actor_config:

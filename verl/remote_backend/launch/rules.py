@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from verl.remote_backend.errors import ConfigError
-from verl.remote_backend.settings import select
+from verl.remote_backend.settings.loader import select
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig

@@ -19,7 +19,7 @@ from typing import Any, Awaitable, Callable, Optional, TypeVar
 
 from verl.remote_backend.base import log_location, supports_health
 from verl.remote_backend.errors import BackendDiedError, BackendStoppedError, BackendTimeoutError
-from verl.remote_backend.reliability import (
+from verl.remote_backend.reliability.policy import (
     ReliabilitySettings,
     is_death_error,
     is_retryable,

@@ -1,6 +1,6 @@
 """Reliability policy: per-op time limits, liveness probing and retry, and how errors classify.
 
-Nothing here imports Ray or talks to a backend; :mod:`verl.remote_backend.guard`
+Nothing here imports Ray or talks to a backend; :mod:`verl.remote_backend.reliability.guard`
 applies it to a live backend. Settings come from ``remote_backend.{timeouts,
 liveness, retry}`` (declared in ``config/remote_ppo_trainer.yaml``). Only
 idempotent ops (:data:`IDEMPOTENT_OPS`) are retried, and only after a transport
@@ -20,7 +20,7 @@ from verl.remote_backend.errors import (
     BackendOutputError,
     BackendTimeoutError,
 )
-from verl.remote_backend.settings import load_settings, setting
+from verl.remote_backend.settings.loader import load_settings, setting
 
 __all__ = [
     "is_stop_error",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from verl.remote_backend.metrics import metric_scalar
+from verl.remote_backend.forwarder.metrics import metric_scalar
 
 __all__ = ["StepTiming", "remote_overhead_metrics"]
 

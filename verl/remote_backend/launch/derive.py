@@ -3,7 +3,7 @@
 A verl GRPO command line describes verl's own engines (vLLM rollout with tensor parallelism, FSDP
 workers on 8 GPUs per node, the legacy-worker switch). With a remote backend those engines are
 not started, so the keys that describe them have exactly one valid value on the remote path.
-This module sets them (the table is :mod:`verl.remote_backend.rules`, which validation checks
+This module sets them (the table is :mod:`verl.remote_backend.launch.rules`, which validation checks
 against), so a user adds only the switch to verl's own command line.
 """
 
@@ -17,9 +17,9 @@ from omegaconf import OmegaConf, open_dict
 
 from verl.remote_backend.base import requires_single_forwarder
 from verl.remote_backend.errors import ConfigError
-from verl.remote_backend.rules import required_settings
-from verl.remote_backend.settings import select
-from verl.remote_backend.validation import backend_name
+from verl.remote_backend.launch.rules import required_settings
+from verl.remote_backend.settings.loader import select
+from verl.remote_backend.launch.validation import backend_name
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
