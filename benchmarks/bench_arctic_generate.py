@@ -91,7 +91,12 @@ def run(
 
     workdir = tempfile.mkdtemp(prefix="bench_arctic_")
     model = model or build_tiny_model(
-        os.path.join(workdir, "model"), hidden_size=hidden, num_layers=layers, num_heads=8, num_kv_heads=4, vocab_size=512
+        os.path.join(workdir, "model"),
+        hidden_size=hidden,
+        num_layers=layers,
+        num_heads=8,
+        num_kv_heads=4,
+        vocab_size=512,
     )
     tok = AutoTokenizer.from_pretrained(model)
     prompts = [tok(f"Question {i}: what is {i} plus {3 * i}?")["input_ids"] for i in range(requests)]
@@ -103,9 +108,13 @@ def run(
     )  # fmt: skip
     backend = None
     try:
-        backend = RemoteBackendRegistry.create("arctic", _arctic_config(model, port, workdir, requests, max_concurrency))
+        backend = RemoteBackendRegistry.create(
+            "arctic", _arctic_config(model, port, workdir, requests, max_concurrency)
+        )
         torch.set_num_threads(1)
-        direct = EngineActor(EngineSettings(model_path=model, backend=LocalBackendConfig(max_batch_size=requests), optim={"lr": 0.0}))
+        direct = EngineActor(
+            EngineSettings(model_path=model, backend=LocalBackendConfig(max_batch_size=requests), optim={"lr": 0.0})
+        )
 
         async def adapter_pass() -> int:
             outs = await asyncio.gather(*[backend.generate(p, params) for p in prompts])
@@ -139,7 +148,10 @@ def run(
     return [
         Result(
             row="6 arctic generate",
-            case=f"{requests} concurrent generate, max_tokens={max_tokens}, {label}, in flight {max_concurrency or requests} (tokens/s)",
+            case=(
+                f"{requests} concurrent generate, max_tokens={max_tokens}, {label}, "
+                f"in flight {max_concurrency or requests} (tokens/s)"
+            ),
             a=tps_a,
             a_label="adapter->server tok/s",
             b=tps_d,

@@ -144,7 +144,9 @@ def run(
     wall_s = _median(per_step, "perf/remote/wall_s")
     gen_s = _median(per_step, "timing_s/gen")
     if step_s is None or overhead_s is None:
-        raise RuntimeError(f"perf/remote/overhead_s or timing_s/step missing from the logged metrics: {sorted(per_step[0])}")
+        raise RuntimeError(
+            f"perf/remote/overhead_s or timing_s/step missing from the logged metrics: {sorted(per_step[0])}"
+        )
     server_s, direct_s = replica_extra_seconds(
         settings["model"], requests=settings["requests"], max_tokens=settings["max_tokens"], repeats=replica_repeats
     )

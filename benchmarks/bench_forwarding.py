@@ -27,8 +27,8 @@ Usage: ``python -m benchmarks.bench_forwarding [--quick]``.
 
 from __future__ import annotations
 
-import asyncio
 import argparse
+import asyncio
 import tempfile
 from typing import Any, Sequence
 
@@ -74,7 +74,9 @@ def build_forwarder_group(config: Any, handle: dict[str, Any]):
     role = "actor_rollout"
     cls = RayClassWithInitArgs(cls=ray.remote(RemoteBackendWorker), config=config.actor_rollout_ref, role=role)
     pool = RayResourcePool(process_on_nodes=[1], use_gpu=False, max_colocate_count=1, name_prefix="bench_fwd")
-    group = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=create_colocated_worker_cls({role: cls}), device_name="cpu")
+    group = RayWorkerGroup(
+        resource_pool=pool, ray_cls_with_init=create_colocated_worker_cls({role: cls}), device_name="cpu"
+    )
     wg = group.spawn(prefix_set={role})[role]
     wg.init_model()
     wg.attach_backend(config, handle)
@@ -186,10 +188,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     import ray
+    import torch
 
     from benchmarks.null_backend import worker_env
-
-    import torch
 
     torch.set_num_threads(1)  # like the trainer's driver (a Ray actor with one CPU); see README
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": worker_env()})

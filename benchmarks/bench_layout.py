@@ -69,7 +69,9 @@ def loop_dense_to_packed(dense: torch.Tensor, mask: torch.Tensor) -> torch.Tenso
     return packed
 
 
-def slice_loop_njt_to_dense(values: torch.Tensor, starts: list[int], lengths: list[int], shape, pad: int) -> torch.Tensor:
+def slice_loop_njt_to_dense(
+    values: torch.Tensor, starts: list[int], lengths: list[int], shape, pad: int
+) -> torch.Tensor:
     """Informative floor: runs given, one slice copy per row."""
     out = values.new_full(shape, pad)
     offset = 0

@@ -42,7 +42,9 @@ def default_model_dir() -> Path:
 def gsm8k_prompts(tokenizer: Any, count: int) -> list[list[int]]:
     """Token ids of the first ``count`` gsm8k test questions, chat-templated as the example's data."""
     prep = _example("prepare_gsm8k")
-    rows = prep.build_rows(prep.load_records("test", prep.DEFAULT_INPUT_DIR), "test", max_rows=count, max_question_chars=None)
+    rows = prep.build_rows(
+        prep.load_records("test", prep.DEFAULT_INPUT_DIR), "test", max_rows=count, max_question_chars=None
+    )
     out = []
     for row in rows:
         ids = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True, return_dict=False)
@@ -57,7 +59,10 @@ def independent_forward_flops(config: Any, seqlens: list[int]) -> float:
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     head_dim = getattr(config, "head_dim", None) or h // heads
     per_layer = 2 * h * heads * head_dim + 2 * h * kv_heads * head_dim + 3 * h * config.intermediate_size
-    return 2 * sum(seqlens) * (layers * per_layer + vocab * h) + 2 * sum(s * s for s in seqlens) * heads * head_dim * layers
+    return (
+        2 * sum(seqlens) * (layers * per_layer + vocab * h)
+        + 2 * sum(s * s for s in seqlens) * heads * head_dim * layers
+    )
 
 
 def run(
@@ -94,8 +99,15 @@ def run(
 
 
 def _run(
-    model: str, prompts: int, max_tokens: int, prefill_prompts: int, train_rows: int, micro_batch: int, repeats: int,
-    smoke: bool, verbose: bool,
+    model: str,
+    prompts: int,
+    max_tokens: int,
+    prefill_prompts: int,
+    train_rows: int,
+    micro_batch: int,
+    repeats: int,
+    smoke: bool,
+    verbose: bool,
 ) -> list[Result]:
     from transformers import AutoConfig
 
@@ -104,10 +116,14 @@ def _run(
     from verl.workers.remote_client.local.engine import LocalEngine
 
     threads = torch.get_num_threads()
-    engine = LocalEngine(EngineSettings(
-        model_path=model, optim={"lr": 1e-6}, backend=LocalBackendConfig(seed=0),
-        log_prob_micro_batch_size=micro_batch,  # the plain loop's micro-batches
-    ))
+    engine = LocalEngine(
+        EngineSettings(
+            model_path=model,
+            optim={"lr": 1e-6},
+            backend=LocalBackendConfig(seed=0),
+            log_prob_micro_batch_size=micro_batch,  # the plain loop's micro-batches
+        )
+    )
     config = AutoConfig.from_pretrained(model)
     counter = FlopsCounter(config)
     peak = engine.peak_flops
@@ -150,8 +166,13 @@ def _sampling(engine: Any, ids: list[list[int]], max_tokens: int, frac: Any, whe
         Result(
             row=ROW,
             case=f"sampling: {len(ids)} gsm8k prompts x {max_tokens} new tokens, greedy, engine vs HF generate batched",
-            a=n_engine / t_engine, a_label="engine tok/s", b=n_hf / t_hf, b_label="HF generate tok/s",
-            ratio=ratio, target=">= 2.5x", met=ratio >= 2.5,
+            a=n_engine / t_engine,
+            a_label="engine tok/s",
+            b=n_hf / t_hf,
+            b_label="HF generate tok/s",
+            ratio=ratio,
+            target=">= 2.5x",
+            met=ratio >= 2.5,
             note=f"{where}; matmul-rate fraction engine {frac(seqlens, t_engine, forward_only=True):.2f}, "
             f"HF {frac(seqlens, t_hf, forward_only=True):.2f}; {same}/{len(ids)} rows token-identical to HF's "
             "left-padded batch",
@@ -169,8 +190,12 @@ def _hf_generate(engine: Any, ids: list[list[int]], max_tokens: int) -> tuple[li
     start = time.perf_counter()
     with torch.no_grad():
         out = model.generate(
-            input_ids=input_ids, attention_mask=mask, max_new_tokens=max_tokens, do_sample=False,
-            eos_token_id=engine.eos_token_ids, pad_token_id=pad,
+            input_ids=input_ids,
+            attention_mask=mask,
+            max_new_tokens=max_tokens,
+            do_sample=False,
+            eos_token_id=engine.eos_token_ids,
+            pad_token_id=pad,
         )
     seconds = time.perf_counter() - start
     rows = []
@@ -200,17 +225,28 @@ def _prefill(engine: Any, ids: list[list[int]], frac: Any, where: str, repeats: 
     padded = (together.prefill_slots - together.prefill_tokens) / together.prefill_tokens
     return [
         Result(
-            row=ROW, case=f"prefill: {len(ids)} prompts ({sum(lens)} tokens) in one admission vs one by one",
-            a=t_conc, a_label="concurrent s", b=t_seq, b_label="sequential s", ratio=t_seq / t_conc,
-            target=">= 1.5x", met=t_seq / t_conc >= 1.5,
+            row=ROW,
+            case=f"prefill: {len(ids)} prompts ({sum(lens)} tokens) in one admission vs one by one",
+            a=t_conc,
+            a_label="concurrent s",
+            b=t_seq,
+            b_label="sequential s",
+            ratio=t_seq / t_conc,
+            target=">= 1.5x",
+            met=t_seq / t_conc >= 1.5,
             note=f"matmul-rate fraction concurrent {frac(lens, t_conc, forward_only=True):.2f}, "
             f"sequential {frac(lens, t_seq, forward_only=True):.2f}",
         ),
         Result(
-            row=ROW, case=f"prefill: padded slots of that admission ({together.prefill_slots} slots for "
+            row=ROW,
+            case=f"prefill: padded slots of that admission ({together.prefill_slots} slots for "
             f"{together.prefill_tokens} prompt tokens)",
-            a=float(together.prefill_slots - together.prefill_tokens), a_label="padded slots",
-            ratio=padded, percent=True, target="<= 5%", met=padded <= 0.05,
+            a=float(together.prefill_slots - together.prefill_tokens),
+            a_label="padded slots",
+            ratio=padded,
+            percent=True,
+            target="<= 5%",
+            met=padded <= 0.05,
         ),
     ]
 
@@ -227,8 +263,13 @@ def _requests(engine: Any, ids: list[list[int]], frac: Any, where: str) -> list[
     seqlens = [len(p) + len(r.token_ids) for p, r in zip(ids, together)]
     return [
         Result(
-            row=ROW, case=f"requests: {len(ids)} prompts x 16 new tokens, together vs one at a time (single run each)",
-            a=t_conc, a_label="together s", b=t_seq, b_label="one at a time s", ratio=t_seq / t_conc,
+            row=ROW,
+            case=f"requests: {len(ids)} prompts x 16 new tokens, together vs one at a time (single run each)",
+            a=t_conc,
+            a_label="together s",
+            b=t_seq,
+            b_label="one at a time s",
+            ratio=t_seq / t_conc,
             note=f"matmul-rate fraction together {frac(seqlens, t_conc, forward_only=True):.2f}, "
             f"one at a time {frac(seqlens, t_seq, forward_only=True):.2f}",
         )
@@ -245,8 +286,9 @@ def _training(
     from verl.remote_backend.forwarder.mfu import compute_mfu
     from verl.remote_backend.testing.batches import dense_rollout_batch, to_no_padding
 
-    outs = engine.sample([engine.make_request(p, {"max_tokens": max_tokens, "temperature": 1.0, "seed": i})
-                          for i, p in enumerate(ids)])
+    outs = engine.sample(
+        [engine.make_request(p, {"max_tokens": max_tokens, "temperature": 1.0, "seed": i}) for i, p in enumerate(ids)]
+    )
     responses = [r.token_ids or [engine.pad_token_id] for r in outs]
     rows = len(ids)
     gen = torch.Generator().manual_seed(0)
@@ -258,21 +300,45 @@ def _training(
     }
     dense = dense_rollout_batch(ids, responses, extra=extra)
     dense["old_log_probs"] = dense["old_log_probs"] * dense["response_mask"]
-    cfg = compose_config(engine.settings.model_path, "local", [
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={rows}",
-        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
-        "actor_rollout_ref.actor.use_kl_loss=false",
-        "actor_rollout_ref.actor.optim.lr=1e-6",
-    ])
-    update_td = to_no_padding(dense, global_batch_size=rows, mini_batch_size=rows, epochs=1, seed=0,
-                              dataloader_kwargs={"shuffle": False}, temperature=1.0, calculate_entropy=False)
-    warm_cfg = compose_config(engine.settings.model_path, "local", [
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={micro}",
-        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
-        "actor_rollout_ref.actor.use_kl_loss=false",
-    ])
-    warm_td = to_no_padding(dense[:micro], global_batch_size=micro, mini_batch_size=micro, epochs=1, seed=0,
-                            dataloader_kwargs={"shuffle": False}, temperature=1.0, calculate_entropy=False)
+    cfg = compose_config(
+        engine.settings.model_path,
+        "local",
+        [
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={rows}",
+            f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
+            "actor_rollout_ref.actor.use_kl_loss=false",
+            "actor_rollout_ref.actor.optim.lr=1e-6",
+        ],
+    )
+    update_td = to_no_padding(
+        dense,
+        global_batch_size=rows,
+        mini_batch_size=rows,
+        epochs=1,
+        seed=0,
+        dataloader_kwargs={"shuffle": False},
+        temperature=1.0,
+        calculate_entropy=False,
+    )
+    warm_cfg = compose_config(
+        engine.settings.model_path,
+        "local",
+        [
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={micro}",
+            f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
+            "actor_rollout_ref.actor.use_kl_loss=false",
+        ],
+    )
+    warm_td = to_no_padding(
+        dense[:micro],
+        global_batch_size=micro,
+        mini_batch_size=micro,
+        epochs=1,
+        seed=0,
+        dataloader_kwargs={"shuffle": False},
+        temperature=1.0,
+        calculate_entropy=False,
+    )
     logp_td = to_no_padding(dense, calculate_entropy=False, compute_loss=False)
     seqlens = dense["attention_mask"].sum(-1).tolist()
 
@@ -310,34 +376,55 @@ def _training(
     timed(lambda: engine.compute_log_prob(logp_td, ref=False, calculate_entropy=False, temperature=1.0))
     t_up = timed(lambda: engine.update_actor(update_td, actor_cfg, temperature=1.0))
     t_up_plain = timed(plain_update)
-    lp_times = time_interleaved({
-        "engine": lambda: engine.compute_log_prob(logp_td, ref=False, calculate_entropy=False, temperature=1.0),
-        "plain": plain_log_prob,
-    }, repeats=repeats, warmup=0)
+    lp_times = time_interleaved(
+        {
+            "engine": lambda: engine.compute_log_prob(logp_td, ref=False, calculate_entropy=False, temperature=1.0),
+            "plain": plain_log_prob,
+        },
+        repeats=repeats,
+        warmup=0,
+    )
     t_lp, t_lp_plain = lp_times["engine"], lp_times["plain"]
     reported = compute_mfu(counter, seqlens, t_lp, engine.device_report(), forward_only=True)
     independent = frac(seqlens, t_lp, forward_only=True)
     case = f"{rows} rollouts ({sum(seqlens)} tokens), micro-batch {micro}"
     return [
         Result(
-            row=ROW, case=f"update_actor: {case}, engine vs plain padded PyTorch loop",
-            a=t_up, a_label="engine s", b=t_up_plain, b_label="plain loop s", ratio=t_up_plain / t_up,
-            target=">= 1.5x", met=t_up_plain / t_up >= 1.5,
+            row=ROW,
+            case=f"update_actor: {case}, engine vs plain padded PyTorch loop",
+            a=t_up,
+            a_label="engine s",
+            b=t_up_plain,
+            b_label="plain loop s",
+            ratio=t_up_plain / t_up,
+            target=">= 1.5x",
+            met=t_up_plain / t_up >= 1.5,
             note=f"matmul-rate fraction engine {frac(seqlens, t_up, forward_only=False):.2f}, "
             f"plain {frac(seqlens, t_up_plain, forward_only=False):.2f}",
         ),
         Result(
-            row=ROW, case=f"compute_log_prob: {case}, engine vs plain padded PyTorch loop",
-            a=t_lp, a_label="engine s", b=t_lp_plain, b_label="plain loop s", ratio=t_lp_plain / t_lp,
-            target=">= 1.0x", met=t_lp_plain / t_lp >= 1.0,
+            row=ROW,
+            case=f"compute_log_prob: {case}, engine vs plain padded PyTorch loop",
+            a=t_lp,
+            a_label="engine s",
+            b=t_lp_plain,
+            b_label="plain loop s",
+            ratio=t_lp_plain / t_lp,
+            target=">= 1.0x",
+            met=t_lp_plain / t_lp >= 1.0,
             note=f"matmul-rate fraction engine {frac(seqlens, t_lp, forward_only=True):.2f}, "
             f"plain {frac(seqlens, t_lp_plain, forward_only=True):.2f}",
         ),
         Result(
-            row=ROW, case="MFU the forwarder reports for that compute_log_prob vs an independent FLOP count, "
-            "same measured peak",
-            a=reported, a_label="reported MFU", b=independent, b_label="independent MFU",
-            ratio=reported / independent, target="0.85-1.15x", met=0.85 <= reported / independent <= 1.15,
+            row=ROW,
+            case="MFU the forwarder reports for that compute_log_prob vs an independent FLOP count, same measured peak",
+            a=reported,
+            a_label="reported MFU",
+            b=independent,
+            b_label="independent MFU",
+            ratio=reported / independent,
+            target="0.85-1.15x",
+            met=0.85 <= reported / independent <= 1.15,
         ),
     ]
 
@@ -345,8 +432,9 @@ def _training(
 def _dense_response_log_probs(model: torch.nn.Module, mb: Any) -> torch.Tensor:
     """``[b, R]`` log-probs of the response tokens from one forward of verl's dense layout."""
     resp_len = mb["responses"].shape[1]
-    logits = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], position_ids=mb["position_ids"],
-                   use_cache=False).logits
+    logits = model(
+        input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], position_ids=mb["position_ids"], use_cache=False
+    ).logits
     logits = logits[:, -resp_len - 1 : -1].float()
     return torch.log_softmax(logits, dim=-1).gather(-1, mb["responses"][..., None]).squeeze(-1)
 
@@ -362,8 +450,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--smoke", action="store_true", help="tiny test model, tiny sizes")
     args = parser.parse_args()
-    run(model=args.model, prompts=args.prompts, max_tokens=args.max_tokens, prefill_prompts=args.prefill_prompts,
-        train_rows=args.train_rows, threads=args.threads, repeats=args.repeats, smoke=args.smoke)
+    run(
+        model=args.model,
+        prompts=args.prompts,
+        max_tokens=args.max_tokens,
+        prefill_prompts=args.prefill_prompts,
+        train_rows=args.train_rows,
+        threads=args.threads,
+        repeats=args.repeats,
+        smoke=args.smoke,
+    )
 
 
 if __name__ == "__main__":

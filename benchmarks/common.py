@@ -59,9 +59,7 @@ class Result:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def time_interleaved(
-    variants: dict[str, Callable[[], Any]], *, repeats: int, warmup: int = 1
-) -> dict[str, float]:
+def time_interleaved(variants: dict[str, Callable[[], Any]], *, repeats: int, warmup: int = 1) -> dict[str, float]:
     """Median wall seconds of each zero-argument callable, run alternately.
 
     Each round calls every variant once in the given order (after ``warmup``
@@ -103,12 +101,17 @@ def format_table(results: Sequence[Result]) -> str:
             ratio = f"{r.ratio:.1%}" if r.percent else f"{r.ratio:.2f}x"
         met = "" if r.met is None else ("yes" if r.met else "**no**")
         case = r.case + (f" ({r.note})" if r.note else "")
-        lines.append(f"| {r.row} | {case} | {_fmt(r.a_label, r.a)} | {_fmt(r.b_label, r.b)} | {ratio} | {r.target or ''} | {met} |")
+        lines.append(
+            f"| {r.row} | {case} | {_fmt(r.a_label, r.a)} | {_fmt(r.b_label, r.b)} | {ratio} | "
+            f"{r.target or ''} | {met} |"
+        )
     return "\n".join(lines)
 
 
 # ---------------------------------------------------------------- verl-style batches
-def left_right_lengths(batch: int, prompt_width: int, response_width: int, *, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def left_right_lengths(
+    batch: int, prompt_width: int, response_width: int, *, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Random real prompt/response lengths (int64 ``[B]`` each), between a quarter and all of the width."""
     gen = torch.Generator().manual_seed(seed)
     prompt = torch.randint(max(1, prompt_width // 4), prompt_width + 1, (batch,), generator=gen)

@@ -23,8 +23,8 @@ import torch
 
 from verl.remote_backend.registry import RemoteBackendRegistry
 from verl.remote_backend.results import BackendDevice, GenerateResult, LogProbResult, UpdateResult
-from verl.workers.remote_client.local.transport import LogProbWire
 from verl.workers.remote_client.local.backend import LocalBackend
+from verl.workers.remote_client.local.transport import LogProbWire
 
 __all__ = ["NAME", "NullBackend", "NullEngineActor", "worker_env"]
 

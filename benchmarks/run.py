@@ -61,7 +61,9 @@ def _profiles() -> dict[str, Profile]:
     }
 
 
-def run_suite(mode: str = "full", rows: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7), *, log: Callable[[str], None] = print) -> list[Result]:
+def run_suite(
+    mode: str = "full", rows: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7), *, log: Callable[[str], None] = print
+) -> list[Result]:
     """Run the selected rows in ``mode`` (``full``, ``quick`` or ``smoke``) and return their results.
 
     Starts (and shuts down) a local Ray session when a selected row needs one.

@@ -9,8 +9,8 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-
 from stub_backend import StubBackend
+
 from verl.remote_backend import RemoteBackendRegistry
 from verl.workers.remote_client.local.backend import LocalBackend
 

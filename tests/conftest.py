@@ -8,8 +8,6 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import pytest
-
-from verl.remote_backend.reliability.server_process import ServerProcess
 from remote_e2e import (
     TESTS_DIR,
     RunResult,
@@ -19,6 +17,8 @@ from remote_e2e import (
     small_ci_overrides,
     verl_grpo_gsm8k_line,
 )
+
+from verl.remote_backend.reliability.server_process import ServerProcess
 
 
 @pytest.fixture(scope="session")
@@ -218,3 +218,18 @@ def standin_server(tmp_path_factory) -> ArcticStandIn:
     finally:
         process.stop()
     assert not process.alive()
+
+
+# ---------------------------------------------------------------- tiers
+_TIERS = ("unit", "integration", "e2e")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test gets exactly one tier marker (``-m unit`` / ``integration`` / ``e2e``): tests
+    marked ``slow`` are the e2e tier; otherwise the module's ``TEST_TIER`` (``"integration"`` for
+    a module that starts Ray, a server, an engine or a model), ``"unit"`` when it sets none."""
+    for item in items:
+        tier = "e2e" if item.get_closest_marker("slow") else getattr(item.module, "TEST_TIER", "unit")
+        if tier not in _TIERS:
+            raise pytest.UsageError(f"{item.module.__name__}.TEST_TIER={tier!r}: expected one of {_TIERS}")
+        item.add_marker(tier)

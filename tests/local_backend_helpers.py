@@ -7,7 +7,15 @@ from typing import Any
 
 from verl.remote_backend.testing.batches import PAD_ID, dense_rollout_batch, random_rollouts, to_no_padding
 
-__all__ = ["PAD_ID", "dense_rollout_batch", "random_rollouts", "to_no_padding", "engine_info", "engine_settings", "main_config"]
+__all__ = [
+    "PAD_ID",
+    "dense_rollout_batch",
+    "random_rollouts",
+    "to_no_padding",
+    "engine_info",
+    "engine_settings",
+    "main_config",
+]
 
 
 async def engine_info(backend: Any) -> dict[str, Any]:

@@ -149,7 +149,15 @@ def small_ci_overrides(
 
 
 def verl_grpo_gsm8k_line(
-    *, model: str, train: str, test: str, ckpt_dir: Path, backend: str, steps: int = 1, batch_size: int = 4, rollout_n: int = 2
+    *,
+    model: str,
+    train: str,
+    test: str,
+    ckpt_dir: Path,
+    backend: str,
+    steps: int = 1,
+    batch_size: int = 4,
+    rollout_n: int = 2,
 ) -> list[str]:
     """verl's own GRPO-on-gsm8k command line (its ``examples/grpo_trainer`` Qwen2 script: vLLM
     rollout with tensor parallel 2, FSDP actor, KL loss, 8 GPUs per node), with only the model and

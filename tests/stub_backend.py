@@ -27,9 +27,9 @@ from typing import Any, ClassVar, Optional
 import torch
 
 from verl.remote_backend import GenerateResult, LogProbResult, RemoteBackend, UpdateResult
-from verl.remote_backend.transport.batch_ref import BatchRef
 from verl.remote_backend.errors import BackendClosedError, BackendStoppedError
 from verl.remote_backend.results import BackendDevice
+from verl.remote_backend.transport.batch_ref import BatchRef
 
 __all__ = ["StubBackend", "corrupt"]
 
@@ -114,7 +114,9 @@ class StubBackend(RemoteBackend):
         if handle is None:
             return cls()
         if not isinstance(handle, dict) or handle.get("backend") != _HANDLE_KIND or not handle.get("engine"):
-            raise ValueError(f"handle {handle!r} is not a stub handle (expected the dict from StubBackend.reconnect_handle())")
+            raise ValueError(
+                f"handle {handle!r} is not a stub handle (expected the dict from StubBackend.reconnect_handle())"
+            )
         return cls(str(handle["engine"]))
 
     def reconnect_handle(self) -> dict[str, Any]:
@@ -196,7 +198,9 @@ class StubBackend(RemoteBackend):
     def _check_open(self, op: str) -> None:
         """Raise as a real client does when this client was destroyed, or its engine was."""
         if self._destroyed:
-            raise BackendClosedError(f"{type(self).__name__}.{op}: this client was destroyed; create or re-attach a new one")
+            raise BackendClosedError(
+                f"{type(self).__name__}.{op}: this client was destroyed; create or re-attach a new one"
+            )
         if not os.path.isdir(self._engine_dir):
             raise BackendStoppedError(
                 op=op, backend=self.name or type(self).__name__, logs=self.log_location(),

@@ -17,6 +17,8 @@ import time
 import pytest
 import requests
 import torch
+from arctic_standin.harness import compose_config, free_port, make_batch, standin_command
+from support.aio import run_async as run
 
 from verl.remote_backend import RemoteBackendRegistry
 from verl.utils import tensordict_utils as tu
@@ -28,8 +30,7 @@ from verl.workers.remote_client.arctic.errors import (
     PromptRoundTripError,
 )
 
-from arctic_standin.harness import compose_config, free_port, make_batch, standin_command
-from support.aio import run_async as run
+TEST_TIER = "integration"  # starts Ray, a server, an engine or a model (tiers: tests/conftest.py)
 
 TEMPERATURE = 0.7
 
@@ -99,13 +100,20 @@ def batch(env, seed=0, **kw):
 def log_probs(backend, data, env, *, ref=False, entropy=True):
     return run(
         backend.compute_log_prob(
-            data, ref=ref, calculate_entropy=entropy, rollout_n=2, temperature=TEMPERATURE, pad_token_id=env["tok"].pad_token_id
+            data,
+            ref=ref,
+            calculate_entropy=entropy,
+            rollout_n=2,
+            temperature=TEMPERATURE,
+            pad_token_id=env["tok"].pad_token_id,
         )
     )
 
 
 def arm(env, endpoint, kind, **extra):
-    requests.post(f"{env['url']}/_standin/fault", json={"endpoint": endpoint, "kind": kind, **extra}, timeout=10).raise_for_status()
+    requests.post(
+        f"{env['url']}/_standin/fault", json={"endpoint": endpoint, "kind": kind, **extra}, timeout=10
+    ).raise_for_status()
 
 
 # ----------------------------------------------------------------------------- parity
@@ -147,7 +155,10 @@ def test_log_prob_requests_are_split_by_verls_log_prob_micro_batches_with_identi
     # 4 rows: the log-prob job takes 1 row per request; the training job 1 row x its 4 accumulation steps
     assert (middle - before, after - middle) == ((1, 4) if ref else (1, 1))
     for key in ("log_probs", "entropy"):
-        assert torch.equal(getattr(whole, key), getattr(parts, key)) or (getattr(whole, key) - getattr(parts, key)).abs().max() < 1e-6
+        assert (
+            torch.equal(getattr(whole, key), getattr(parts, key))
+            or (getattr(whole, key) - getattr(parts, key)).abs().max() < 1e-6
+        )
 
 
 def test_update_with_mini_batches_other_than_the_jobs_is_refused_naming_the_keys(env):
@@ -191,6 +202,7 @@ def test_generate_fails_loudly_when_prompt_ids_do_not_survive_text(env):
 def test_colocated_weight_sync_first_empties_the_training_cache(env):
     """Arctic's Ray server empties the training job's cache inside wake_inference; over HTTP the adapter does
     (weight sync goes through /operation)."""
+
     def count(path):
         return requests.get(f"{env['url']}/_standin/calls", timeout=10).json().get(path, 0)
 
@@ -211,7 +223,11 @@ def test_checkpoint_save_and_load_restore_weights(env):
     assert type(env["arctic"]).checkpoint_problem(actor_dir, 3) is None
     before = log_probs(env["arctic"], data, env).log_probs
     tu.assign_non_tensor(data, mini_batch_size=4, epochs=1, seed=0, dataloader_kwargs={"shuffle": False})
-    run(env["arctic"].update_actor(data.copy(), actor_config=env["actor"], pad_token_id=env["tok"].pad_token_id, rollout_n=2, temperature=1.0))
+    run(
+        env["arctic"].update_actor(
+            data.copy(), actor_config=env["actor"], pad_token_id=env["tok"].pad_token_id, rollout_n=2, temperature=1.0
+        )
+    )
     moved = log_probs(env["arctic"], data, env).log_probs
     assert (moved - before).abs().max() > 1e-4
     run(env["arctic"].load_checkpoint(actor_dir, 3))
@@ -227,7 +243,9 @@ def test_resume_the_server_cannot_satisfy_fails_instead_of_training_from_scratch
     empty_actor_dir = str(tmp_path / "global_step_7" / "actor")
     os.makedirs(empty_actor_dir)
     assert "checkpoint-7/latest is missing" in type(env["arctic"]).checkpoint_problem(empty_actor_dir, 7)
-    with pytest.raises(ResumeCheckpointError, match=r"did not restore verl's step 7 .* reports DeepSpeed global_step=0"):
+    with pytest.raises(
+        ResumeCheckpointError, match=r"did not restore verl's step 7 .* reports DeepSpeed global_step=0"
+    ):
         run(env["arctic"].load_checkpoint(empty_actor_dir, 7))
 
 
@@ -332,7 +350,12 @@ def test_launched_server_lifecycle_and_death_mid_call(env, tmp_path):
     cfg = env["cfg"].copy()
     OmegaConf.update(cfg, "actor_rollout_ref.actor.use_kl_loss", False)
     OmegaConf.update(cfg, "trainer.default_local_dir", str(tmp_path))
-    for key, value in {"port": port, "launch_server": True, "launch_command": standin_command(), "startup_timeout_s": 120}.items():
+    for key, value in {
+        "port": port,
+        "launch_server": True,
+        "launch_command": standin_command(),
+        "startup_timeout_s": 120,
+    }.items():
         OmegaConf.update(cfg, f"remote_backend.arctic.{key}", value)
     backend = RemoteBackendRegistry.create("arctic", cfg)
     proc = backend._server.proc
@@ -341,10 +364,16 @@ def test_launched_server_lifecycle_and_death_mid_call(env, tmp_path):
         data = batch(env)
         tu.assign_non_tensor(data, mini_batch_size=4, epochs=1, seed=0, dataloader_kwargs={"shuffle": False})
         log_probs(backend, data, env, entropy=False)
-        requests.post(f"http://127.0.0.1:{port}/_standin/fault", json={"endpoint": "/forward-backward", "kind": "exit"}, timeout=5)
+        requests.post(
+            f"http://127.0.0.1:{port}/_standin/fault", json={"endpoint": "/forward-backward", "kind": "exit"}, timeout=5
+        )
         start = time.monotonic()
         with pytest.raises(ArcticUnreachableError, match=f"127.0.0.1:{port} is unreachable during update_actor"):
-            run(backend.update_actor(data, actor_config=env["actor"], pad_token_id=env["tok"].pad_token_id, rollout_n=2, temperature=1.0))
+            run(
+                backend.update_actor(
+                    data, actor_config=env["actor"], pad_token_id=env["tok"].pad_token_id, rollout_n=2, temperature=1.0
+                )
+            )
         assert time.monotonic() - start < 5
         assert proc.wait(timeout=10) == 17  # the stand-in's exit code for this fault
     finally:

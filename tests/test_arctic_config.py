@@ -9,6 +9,7 @@ import textwrap
 
 import pytest
 import yaml
+from arctic_standin.harness import ARCTIC_YAML, compose_config
 
 from verl.remote_backend.errors import ConfigError
 from verl.workers.remote_client.arctic.config import ArcticConfig, load_arctic_config
@@ -19,7 +20,7 @@ from verl.workers.remote_client.arctic.derive import (
     derive_vllm_config,
 )
 
-from arctic_standin.harness import ARCTIC_YAML, compose_config
+TEST_TIER = "integration"  # starts Ray, a server, an engine or a model (tiers: tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,9 @@ def test_yaml_keys_match_the_dataclass_and_are_all_documented():
         assert set(block) == names, f"{prefix}: yaml {sorted(block)} vs dataclass {sorted(names)}"
         for f in dataclasses.fields(cls):
             value = block[f.name]
-            if isinstance(value, dict) and dataclasses.is_dataclass(f.default_factory() if f.default_factory is not dataclasses.MISSING else None):
+            if isinstance(value, dict) and dataclasses.is_dataclass(
+                f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+            ):
                 check(type(f.default_factory()), value, f"{prefix}.{f.name}")
 
     check(ArcticConfig, raw, "remote_backend.arctic")
@@ -69,7 +72,9 @@ def test_unknown_and_invalid_keys_are_named(base_cfg):
     with pytest.raises(ConfigError, match=r"remote_backend\.arctic\.colocat"):
         load_arctic_config(_with(base_cfg, remote_backend__arctic__colocat=True))
     with pytest.raises(ConfigError, match="cuda_ipc=true requires"):
-        load_arctic_config(_with(base_cfg, remote_backend__arctic__colocate=False, remote_backend__arctic__weight_sync__cuda_ipc=True))
+        load_arctic_config(
+            _with(base_cfg, remote_backend__arctic__colocate=False, remote_backend__arctic__weight_sync__cuda_ipc=True)
+        )
     with pytest.raises(ConfigError, match="protocol"):
         load_arctic_config(_with(base_cfg, remote_backend__arctic__protocol="grpc"))
 
@@ -88,7 +93,10 @@ def test_deepspeed_config_derived_from_verl_actor(base_cfg):
     ds = derive_ds_config(cfg, load_arctic_config(cfg), n_gpus=2)
     assert ds["train_batch_size"] == 8  # ppo_mini_batch_size x rollout.n samples per optimizer step
     assert ds["train_micro_batch_size_per_gpu"] == 2 and ds["gradient_accumulation_steps"] == 2
-    assert ds["optimizer"] == {"type": "AdamW", "params": {"lr": 3e-6, "betas": [0.8, 0.95], "weight_decay": 0.05, "eps": 1e-8}}
+    assert ds["optimizer"] == {
+        "type": "AdamW",
+        "params": {"lr": 3e-6, "betas": [0.8, 0.95], "weight_decay": 0.05, "eps": 1e-8},
+    }
     assert ds["gradient_clipping"] == 0.7
     assert "scheduler" not in ds  # constant LR, no warmup
     assert ds["zero_optimization"] == {"stage": 1}  # pass-through merged in
@@ -108,17 +116,28 @@ def test_lr_schedules_in_optimizer_steps(base_cfg):
         "type": "WarmupLR",
         "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 1e-2, "warmup_num_steps": 8, "warmup_type": "linear"},
     }
-    cos = _with(base_cfg, actor_rollout_ref__actor__optim__lr_scheduler_type="cosine", actor_rollout_ref__actor__optim__min_lr_ratio=0.1, **common)
+    cos = _with(
+        base_cfg,
+        actor_rollout_ref__actor__optim__lr_scheduler_type="cosine",
+        actor_rollout_ref__actor__optim__min_lr_ratio=0.1,
+        **common,
+    )
     sched = derive_ds_config(cos, load_arctic_config(cos), n_gpus=1)["scheduler"]
     assert sched["type"] == "WarmupCosineLR" and sched["params"]["total_num_steps"] == 40
     assert sched["params"]["cos_min_ratio"] == 0.1
-    unknown = _with(base_cfg, actor_rollout_ref__actor__optim__lr_warmup_steps_ratio=0.1, actor_rollout_ref__actor__optim__total_training_steps=-1)
+    unknown = _with(
+        base_cfg,
+        actor_rollout_ref__actor__optim__lr_warmup_steps_ratio=0.1,
+        actor_rollout_ref__actor__optim__total_training_steps=-1,
+    )
     with pytest.raises(ConfigError, match="total_training_steps"):
         derive_ds_config(unknown, load_arctic_config(unknown), n_gpus=1)
 
 
 def test_deepspeed_pass_through_wins(base_cfg):
-    cfg = _with(base_cfg, remote_backend__arctic__deepspeed={"zero_optimization": {"stage": 3}, "gradient_clipping": 5.0})
+    cfg = _with(
+        base_cfg, remote_backend__arctic__deepspeed={"zero_optimization": {"stage": 3}, "gradient_clipping": 5.0}
+    )
     ds = derive_ds_config(cfg, load_arctic_config(cfg), n_gpus=1)
     assert ds["zero_optimization"] == {"stage": 3} and ds["gradient_clipping"] == 5.0
 
@@ -151,7 +170,11 @@ def test_client_config_from_verl(base_cfg, tmp_path):
 
 def test_loss_compatibility_check(base_cfg):
     assert check_loss_compatibility(base_cfg, load_arctic_config(base_cfg)) == []
-    cfg = _with(base_cfg, actor_rollout_ref__actor__policy_loss__loss_mode="gspo", actor_rollout_ref__actor__clip_ratio_high=0.28)
+    cfg = _with(
+        base_cfg,
+        actor_rollout_ref__actor__policy_loss__loss_mode="gspo",
+        actor_rollout_ref__actor__clip_ratio_high=0.28,
+    )
     problems = check_loss_compatibility(cfg, load_arctic_config(cfg))
     assert any("loss_mode='gspo'" in p for p in problems) and any("clip_ratio_high=0.28" in p for p in problems)
 

@@ -13,7 +13,6 @@ import json
 import math
 
 import pytest
-
 from remote_e2e import REPO_ROOT, run_entry, small_ci_overrides
 
 # verl renames the forwarder's actor/mfu to perf/mfu/actor before logging.
@@ -61,7 +60,11 @@ def test_grpo_on_gsm8k_through_arctic_standin_then_resume(standin_server, gsm8k_
     tag = (saved / "latest").read_text().strip()
     assert (saved / tag / "mp_rank_00_model_states.pt").is_file()
     record = json.loads((ckpt / "global_step_2" / "actor" / "arctic_checkpoint.json").read_text())
-    assert record["step"] == 2 and tag == f"global_step{record['engine_global_step']}" and record["engine_global_step"] >= 2
+    assert (
+        record["step"] == 2
+        and tag == f"global_step{record['engine_global_step']}"
+        and record["engine_global_step"] >= 2
+    )
     calls = calls_since_start()
     assert calls.get("/generate", 0) >= 2 * 4 * 2  # steps x prompts x rollout.n
     assert calls.get("/forward-backward") == 2 and calls.get("/step") == 2 and calls.get("/save") == 1
@@ -76,4 +79,7 @@ def test_grpo_on_gsm8k_through_arctic_standin_then_resume(standin_server, gsm8k_
     assert second.returncode == 0, second.tail()
     assert [m["step"] for m in second.metrics] == [3], second.tail()
     assert calls_since_start().get("/load-checkpoint") == 1
-    print(f"arctic e2e: first run {first.wall_s:.0f}s, peak PSS {first.peak_pss_gb:.2f} GB; resume run {second.wall_s:.0f}s")
+    print(
+        f"arctic e2e: first run {first.wall_s:.0f}s, peak PSS {first.peak_pss_gb:.2f} GB; "
+        f"resume run {second.wall_s:.0f}s"
+    )

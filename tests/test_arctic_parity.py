@@ -15,7 +15,6 @@ import re
 
 import pytest
 import torch
-
 from arctic_standin.harness import compose_config, make_batch
 from support.aio import run_async as run
 
@@ -94,7 +93,9 @@ def _arctic_update(cfg, data, pad, tmp):
         run(backend.save_checkpoint(actor_dir, 1))
         ckpt = os.path.join(actor_dir, "checkpoint-1")
         tag = open(os.path.join(ckpt, "latest")).read().strip()
-        params = torch.load(os.path.join(ckpt, tag, "mp_rank_00_model_states.pt"), map_location="cpu", weights_only=True)["module"]
+        params = torch.load(
+            os.path.join(ckpt, tag, "mp_rank_00_model_states.pt"), map_location="cpu", weights_only=True
+        )["module"]
     finally:
         run(backend.destroy())
     return out, params
@@ -128,18 +129,71 @@ def _update_difference(initial, ours, theirs):
 ZORRO_WIDTHS = ("data.max_prompt_length=6", "data.max_response_length=5")
 
 # The batch carries no schedule: ppo_mini_batch_size x rollout.n rows, ppo_epochs, data_loader_seed, shuffle.
-SCHEDULE_FROM_CONFIG = ("actor_rollout_ref.actor.ppo_epochs=2", "actor_rollout_ref.actor.shuffle=true", "actor_rollout_ref.actor.data_loader_seed=5")
+SCHEDULE_FROM_CONFIG = (
+    "actor_rollout_ref.actor.ppo_epochs=2",
+    "actor_rollout_ref.actor.shuffle=true",
+    "actor_rollout_ref.actor.data_loader_seed=5",
+)
 
 # name: (overrides, epochs, shuffle, calculate_entropy)
 CASES = {
-    "token-mean/1-micro-batch": (["actor_rollout_ref.actor.loss_agg_mode=token-mean", "remote_backend.arctic.micro_batch_size=4"], 1, False, False),
-    "token-mean/4-micro-batches/2-epochs-shuffled": (["actor_rollout_ref.actor.loss_agg_mode=token-mean", "remote_backend.arctic.micro_batch_size=1"], 2, True, False),
-    "token-mean/2-epochs-shuffled/schedule-from-actor-config": (["remote_backend.arctic.micro_batch_size=2", *SCHEDULE_FROM_CONFIG], 2, True, False),
-    "token-mean/no-load-balancer": (["remote_backend.arctic.zorro.load_balancer=false", "remote_backend.arctic.micro_batch_size=2"], 1, False, False),
-    "token-mean/kl-loss": (["actor_rollout_ref.actor.kl_loss_coef=0.2", "actor_rollout_ref.actor.kl_loss_type=low_var_kl", "remote_backend.arctic.micro_batch_size=2"], 1, False, False),
-    "seq-mean-token-sum/2-micro-batches": (["actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum", "remote_backend.arctic.micro_batch_size=2"], 1, False, False),
-    "seq-mean-token-mean/kl-loss": (["actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean", "actor_rollout_ref.actor.kl_loss_coef=0.2"], 2, True, False),
-    "zorro/token-mean/entropy-bonus": (["remote_backend.arctic.zorro.train=true", *ZORRO_WIDTHS, "actor_rollout_ref.actor.entropy_coeff=0.01", "remote_backend.arctic.micro_batch_size=2"], 1, False, True),
+    "token-mean/1-micro-batch": (
+        ["actor_rollout_ref.actor.loss_agg_mode=token-mean", "remote_backend.arctic.micro_batch_size=4"],
+        1,
+        False,
+        False,
+    ),
+    "token-mean/4-micro-batches/2-epochs-shuffled": (
+        ["actor_rollout_ref.actor.loss_agg_mode=token-mean", "remote_backend.arctic.micro_batch_size=1"],
+        2,
+        True,
+        False,
+    ),
+    "token-mean/2-epochs-shuffled/schedule-from-actor-config": (
+        ["remote_backend.arctic.micro_batch_size=2", *SCHEDULE_FROM_CONFIG],
+        2,
+        True,
+        False,
+    ),
+    "token-mean/no-load-balancer": (
+        ["remote_backend.arctic.zorro.load_balancer=false", "remote_backend.arctic.micro_batch_size=2"],
+        1,
+        False,
+        False,
+    ),
+    "token-mean/kl-loss": (
+        [
+            "actor_rollout_ref.actor.kl_loss_coef=0.2",
+            "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+            "remote_backend.arctic.micro_batch_size=2",
+        ],
+        1,
+        False,
+        False,
+    ),
+    "seq-mean-token-sum/2-micro-batches": (
+        ["actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum", "remote_backend.arctic.micro_batch_size=2"],
+        1,
+        False,
+        False,
+    ),
+    "seq-mean-token-mean/kl-loss": (
+        ["actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean", "actor_rollout_ref.actor.kl_loss_coef=0.2"],
+        2,
+        True,
+        False,
+    ),
+    "zorro/token-mean/entropy-bonus": (
+        [
+            "remote_backend.arctic.zorro.train=true",
+            *ZORRO_WIDTHS,
+            "actor_rollout_ref.actor.entropy_coeff=0.01",
+            "remote_backend.arctic.micro_batch_size=2",
+        ],
+        1,
+        False,
+        True,
+    ),
 }
 
 
@@ -156,7 +210,9 @@ def test_update_matches_verls_objective_on_arctics_server_code(server, tmp_path,
     ref, initial, ref_params = _verl_update(cfg, data)
     # verl's own float32 noise: the same objective with another micro-batch split (1 vs 4 rows).
     micro = 4 if int(cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu) != 4 else 1
-    _, _, split_params = _verl_update(_config(server, "split", overrides + [f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}"]), data)
+    _, _, split_params = _verl_update(
+        _config(server, "split", overrides + [f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}"]), data
+    )
     noise = _update_difference(initial, split_params, ref_params)
     out, params = _arctic_update(cfg, data, tok.pad_token_id, str(tmp_path))
 
@@ -168,7 +224,9 @@ def test_update_matches_verls_objective_on_arctics_server_code(server, tmp_path,
     assert out.metrics["grad_norm"] == pytest.approx(ref.metrics["grad_norm"], rel=1e-5)
     # Adam turns the round-off of near-zero gradient entries into O(lr) steps: bound by verl's own split
     # noise (x10: the packed forward sums in yet another order), at least 3e-5; a wrong objective is >1e-2.
-    assert rel <= max(3e-5, 10 * noise), f"parameter update differs from verl's by {rel:.2e} (verl's own noise {noise:.2e})"
+    assert rel <= max(3e-5, 10 * noise), (
+        f"parameter update differs from verl's by {rel:.2e} (verl's own noise {noise:.2e})"
+    )
     if "seq-mean" not in case:  # Arctic reports loss metrics as token-means whatever the aggregation (README)
         assert out.loss == pytest.approx(ref.loss, rel=1e-5, abs=1e-7)
         assert out.metrics["pg_loss"] == pytest.approx(ref.metrics["pg_loss"], rel=1e-5, abs=1e-7)
@@ -193,7 +251,11 @@ def test_settings_arctic_computes_differently_are_refused_and_really_differ(serv
     with pytest.raises(ConfigError, match=re.escape(key)):
         ArcticBackend.check_config(cfg)
 
-    forced = _config(server, "forced", overrides + ["remote_backend.arctic.micro_batch_size=2", "remote_backend.arctic.strict_loss_check=false"])
+    forced = _config(
+        server,
+        "forced",
+        overrides + ["remote_backend.arctic.micro_batch_size=2", "remote_backend.arctic.strict_loss_check=false"],
+    )
     tok = AutoTokenizer.from_pretrained(server["model"])
     data = _batch(len(tok), tok.pad_token_id, epochs=1, shuffle=False, entropy="entropy" in key)
     _, initial, ref_params = _verl_update(forced, data)
@@ -212,12 +274,22 @@ def test_zorro_log_probs_equal_the_plain_path(server):
     data = _batch(len(tok), tok.pad_token_id, epochs=1, shuffle=False, entropy=True)
     outs = {}
     for zorro in (False, True):
-        cfg = _config(server, f"zorro-{zorro}", [f"remote_backend.arctic.zorro.train={str(zorro).lower()}", *ZORRO_WIDTHS])
+        cfg = _config(
+            server, f"zorro-{zorro}", [f"remote_backend.arctic.zorro.train={str(zorro).lower()}", *ZORRO_WIDTHS]
+        )
         backend = RemoteBackendRegistry.create("arctic", cfg)
         try:
             outs[zorro] = [
-                run(backend.compute_log_prob(data, ref=ref, calculate_entropy=True, rollout_n=2, temperature=TEMPERATURE,
-                                             pad_token_id=tok.pad_token_id))  # fmt: skip
+                run(
+                    backend.compute_log_prob(
+                        data,
+                        ref=ref,
+                        calculate_entropy=True,
+                        rollout_n=2,
+                        temperature=TEMPERATURE,
+                        pad_token_id=tok.pad_token_id,
+                    )
+                )  # fmt: skip
                 for ref in (False, True)
             ]
         finally:

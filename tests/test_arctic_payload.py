@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from arctic_standin.harness import make_batch
 
 from verl.remote_backend.update_schedule import UpdateSchedule
 from verl.workers.remote_client.arctic import bodies
@@ -15,13 +16,18 @@ from verl.workers.remote_client.arctic.json_data import to_json_safe
 from verl.workers.remote_client.arctic.metrics import aggregate_update_metrics, map_step_metrics
 from verl.workers.remote_client.arctic.payload import dense_to_packed, full_to_response, njt_to_dense, response_to_full
 
-from arctic_standin.harness import make_batch
-
 PAD = 7
 
 
 def _batch(**kw):
-    args = dict(prompt_lens=[3, 5, 1, 4], response_lens=[4, 1, 6, 0], prompt_width=5, response_width=6, vocab=50, pad_token_id=PAD)
+    args = dict(
+        prompt_lens=[3, 5, 1, 4],
+        response_lens=[4, 1, 6, 0],
+        prompt_width=5,
+        response_width=6,
+        vocab=50,
+        pad_token_id=PAD,
+    )
     args.update(kw)
     return make_batch(**args)
 
@@ -134,7 +140,13 @@ def test_metric_mapping_to_verl_names():
         "_profile_ms": {"x": 1},
     }
     step = {"last_lr": 1e-6, "grad_norm": [2.0, 4.0]}  # a per-rank list from a 2-GPU server
-    assert map_step_metrics(fwd_bwd) == {"pg_loss": 0.5, "pg_clipfrac": 0.1, "kl_loss": 0.01, "kl_coef": 0.001, "loss": 0.6}
+    assert map_step_metrics(fwd_bwd) == {
+        "pg_loss": 0.5,
+        "pg_clipfrac": 0.1,
+        "kl_loss": 0.01,
+        "kl_coef": 0.001,
+        "loss": 0.6,
+    }
     assert map_step_metrics(step) == {"lr": 1e-6, "grad_norm": 3.0}
     agg = aggregate_update_metrics([{"pg_loss": 1.0, "lr": 0.1}, {"pg_loss": 2.0, "lr": 0.2}])
     assert agg == {"pg_loss": [1.0, 2.0], "lr": 0.2}
@@ -145,7 +157,13 @@ def test_to_json_safe_handles_verl_actor_config():
 
     from verl.workers.config import FSDPActorConfig, PolicyLossConfig
 
-    actor = FSDPActorConfig(strategy="fsdp", ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2, rollout_n=2, policy_loss=PolicyLossConfig(loss_mode="vanilla"))
+    actor = FSDPActorConfig(
+        strategy="fsdp",
+        ppo_mini_batch_size=2,
+        ppo_micro_batch_size_per_gpu=2,
+        rollout_n=2,
+        policy_loss=PolicyLossConfig(loss_mode="vanilla"),
+    )
     safe = to_json_safe(actor)
     json.dumps(safe)
     assert safe["policy_loss"]["loss_mode"] == "vanilla" and safe["clip_ratio_c"] == 3.0
@@ -177,7 +195,9 @@ def test_update_minibatches_bodies():
     for key in ("response_mask", "old_log_probs", "advantages", "ref_log_prob", "loss_mask"):
         assert batch[key].shape == (2, 11)
         assert (batch[key][:, :5] == 0).all()
-        assert torch.equal(batch[key][:, 5:], data["response_mask" if key == "loss_mask" else key][:2].to(batch[key].dtype))
+        assert torch.equal(
+            batch[key][:, 5:], data["response_mask" if key == "loss_mask" else key][:2].to(batch[key].dtype)
+        )
     assert b0["meta"]["batch_num_tokens"] == int(data["response_mask"][:2].sum())
     assert b0["meta"]["global_batch_size"] == 2
     assert b0["meta"]["policy_loss_config"] == {"loss_mode": "vanilla"}

@@ -16,7 +16,6 @@ import sys
 
 import pytest
 import torch
-
 from arctic_standin.harness import compose_config
 
 PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "arctic_standin", "engine_probe.py")
@@ -26,9 +25,13 @@ def probe(jobs: list[dict], **request) -> list[dict]:
     """Run the jobs in a fresh process (one gloo rank); one result dict per job."""
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "ARCTIC_STANDIN_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, PROBE, json.dumps({"jobs": jobs, **request})], capture_output=True, text=True, timeout=300, env=env
+        [sys.executable, PROBE, json.dumps({"jobs": jobs, **request})],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
-    results = [json.loads(line[len("PROBE "):]) for line in proc.stdout.splitlines() if line.startswith("PROBE ")]
+    results = [json.loads(line[len("PROBE ") :]) for line in proc.stdout.splitlines() if line.startswith("PROBE ")]
     assert len(results) == len(jobs), f"probe exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return results
 
@@ -46,17 +49,23 @@ def adapter_jobs(cfg) -> dict[str, dict]:
 
 
 def _cfg(tiny_model_dir, tmp_path, *overrides):
-    return compose_config(tiny_model_dir, str(tmp_path / "ckpt"), 8000, ["actor_rollout_ref.actor.use_kl_loss=true", *overrides])
+    return compose_config(
+        tiny_model_dir, str(tmp_path / "ckpt"), 8000, ["actor_rollout_ref.actor.use_kl_loss=true", *overrides]
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", [None, 2, 3])
-def test_adapter_configs_start_the_real_training_and_log_prob_jobs_and_checkpoints_resolve(tiny_model_dir, tmp_path, stage):
+def test_adapter_configs_start_the_real_training_and_log_prob_jobs_and_checkpoints_resolve(
+    tiny_model_dir, tmp_path, stage
+):
     from verl.workers.remote_client.arctic import checkpoint
 
     overrides = [] if stage is None else [f"remote_backend.arctic.deepspeed.zero_optimization.stage={stage}"]
     jobs = adapter_jobs(_cfg(tiny_model_dir, tmp_path, *overrides))
-    train, log_prob = probe([jobs["training"], jobs["log_prob"]], dtype="bfloat16", step=True, save_dir=str(tmp_path / "save"))
+    train, log_prob = probe(
+        [jobs["training"], jobs["log_prob"]], dtype="bfloat16", step=True, save_dir=str(tmp_path / "save")
+    )
     assert train["ok"], train
     assert log_prob["ok"], log_prob
     assert train["stage"] == (1 if stage is None else stage)  # the shipped default is stage 1
@@ -77,7 +86,9 @@ def test_stage_0_with_arctics_bf16_defaults_fails_in_deepspeed_and_is_refused_be
     from verl.workers.remote_client.arctic.client import ArcticBackend
 
     bad = _cfg(tiny_model_dir, tmp_path, "remote_backend.arctic.deepspeed.zero_optimization.stage=0")
-    with pytest.raises(ConfigError, match=r"zero_optimization\.stage=0 .*grad_accum_dtype=fp32.*stage=1 \(the default\)"):
+    with pytest.raises(
+        ConfigError, match=r"zero_optimization\.stage=0 .*grad_accum_dtype=fp32.*stage=1 \(the default\)"
+    ):
         ArcticBackend.check_config(bad)
     # what the real engine does with that payload (built without the adapter's check)
     good = adapter_jobs(_cfg(tiny_model_dir, tmp_path))["training"]
@@ -88,7 +99,10 @@ def test_stage_0_with_arctics_bf16_defaults_fails_in_deepspeed_and_is_refused_be
              "remote_backend.arctic.deepspeed.data_types.grad_accum_dtype=bf16")
     )  # fmt: skip
     refused, accepted = probe([real, fixed], dtype="bfloat16")
-    assert not refused["ok"] and "unsupported mix of model_dtype=torch.bfloat16 and grad_accum_dtype=torch.float32" in refused["error"]
+    assert (
+        not refused["ok"]
+        and "unsupported mix of model_dtype=torch.bfloat16 and grad_accum_dtype=torch.float32" in refused["error"]
+    )
     assert accepted["ok"], accepted
 
 
@@ -96,7 +110,10 @@ def test_stage_0_with_arctics_bf16_defaults_fails_in_deepspeed_and_is_refused_be
 def test_log_prob_job_never_inherits_a_zero_stage_it_cannot_run(tiny_model_dir, tmp_path):
     jobs = adapter_jobs(_cfg(tiny_model_dir, tmp_path, "remote_backend.arctic.deepspeed.zero_optimization.stage=1"))
     assert "zero_optimization" not in jobs["log_prob"]["log_prob_config"]
-    inherited = {**jobs["log_prob"], "log_prob_config": {**jobs["log_prob"]["log_prob_config"], "zero_optimization": {"stage": 1}}}
+    inherited = {
+        **jobs["log_prob"],
+        "log_prob_config": {**jobs["log_prob"]["log_prob_config"], "zero_optimization": {"stage": 1}},
+    }
     (real,) = probe([inherited], dtype="bfloat16")
     assert not real["ok"] and "zero stage 1 requires an optimizer" in real["error"]
 
@@ -121,7 +138,9 @@ def test_non_flash_attention_lets_packed_sequences_see_each_other_here_as_on_a_g
     from verl.workers.remote_client.arctic.client import ArcticBackend
 
     with pytest.raises(ConfigError, match=r"attn_implementation='sdpa'.*flash_attention_2"):
-        ArcticBackend.check_config(_cfg(tiny_model_dir, tmp_path, "actor_rollout_ref.model.override_config.attn_implementation=sdpa"))
+        ArcticBackend.check_config(
+            _cfg(tiny_model_dir, tmp_path, "actor_rollout_ref.model.override_config.attn_implementation=sdpa")
+        )
     job = adapter_jobs(_cfg(tiny_model_dir, tmp_path))["training"]
     sdpa = {**job, "ds_worker_config": {**job["ds_worker_config"], "attn_implementation": "sdpa"}}
     packed = {"a": [5, 6, 7, 8, 9], "b": [10, 11, 12, 13]}
@@ -140,7 +159,11 @@ def test_zorro_double_refuses_non_qwen3_and_uses_the_temperature_it_was_built_wi
 
     qwen2 = tiny_model_dir  # the session's tiny model is a Qwen2
     qwen3 = build_tiny_model(str(tmp_path / "qwen3"), architecture="qwen3")
-    zorro = ["remote_backend.arctic.zorro.train=true", "actor_rollout_ref.rollout.temperature=0.7", "data.max_response_length=4"]
+    zorro = [
+        "remote_backend.arctic.zorro.train=true",
+        "actor_rollout_ref.rollout.temperature=0.7",
+        "data.max_response_length=4",
+    ]
     with pytest.raises(ConfigError, match=r"zorro.train=true with a model of model_type='qwen2'.*Qwen3"):
         ArcticBackend.check_config(_cfg(qwen2, tmp_path, *zorro))
     ArcticBackend.check_config(_cfg(qwen3, tmp_path, *zorro))
@@ -163,8 +186,12 @@ def test_an_all_zero_gradient_still_counts_as_an_optimizer_step_on_the_real_engi
     """Arctic's ``_engine_step`` skips a step only on BF16_Optimizer's zero-norm assert; DeepSpeed 0.19's engine
     at the stages the adapter accepts does not raise it, so the engine's step count stays verl's (what the
     adapter's resume check, ``step x optimizer steps per step`` without a save record, relies on)."""
-    jobs = [adapter_jobs(_cfg(tiny_model_dir, tmp_path, f"remote_backend.arctic.deepspeed.zero_optimization.stage={s}"))["training"]
-            for s in (1, 3)]  # fmt: skip
+    jobs = [
+        adapter_jobs(_cfg(tiny_model_dir, tmp_path, f"remote_backend.arctic.deepspeed.zero_optimization.stage={s}"))[
+            "training"
+        ]
+        for s in (1, 3)
+    ]
     for res in probe(jobs, dtype="bfloat16", step=True, zero_grad=True):
         assert res["ok"], res
         assert res["grad_norm"] == 0.0 and res["global_steps"] == 1, res
@@ -178,9 +205,22 @@ def test_the_example_scripts_settings_start_the_real_jobs(tiny_model_dir, tmp_pa
 
     from verl.workers.remote_client.arctic.client import ArcticBackend
 
-    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "gsm8k_remote", "run_gsm8k_grpo_arctic.sh")
-    values = {"$MODEL": tiny_model_dir, "$CKPT_DIR": str(tmp_path / "ckpt"), "$ARCTIC_HOST": "127.0.0.1", "$ARCTIC_PORT": "8000",
-              "$LAUNCH_SERVER": "false", "$GPU_MEM": "0.4", "$PEAK_FLOPS": "9.89e+14", "$STEPS": "20"}  # fmt: skip
+    script = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        "examples",
+        "gsm8k_remote",
+        "run_gsm8k_grpo_arctic.sh",
+    )
+    values = {
+        "$MODEL": tiny_model_dir,
+        "$CKPT_DIR": str(tmp_path / "ckpt"),
+        "$ARCTIC_HOST": "127.0.0.1",
+        "$ARCTIC_PORT": "8000",
+        "$LAUNCH_SERVER": "false",
+        "$GPU_MEM": "0.4",
+        "$PEAK_FLOPS": "9.89e+14",
+        "$STEPS": "20",
+    }
     overrides = []
     for key, value in re.findall(r"^\s+([a-z_][\w.]*)=(\S+) \\$", open(script).read(), flags=re.M):
         if key.startswith(("data.train_files", "data.val_files", "trainer.logger")):

@@ -23,13 +23,14 @@ import pathlib
 
 import pytest
 import torch
-
 from arctic_platform import wire
+from arctic_standin import cpu_sampler
+from arctic_standin.cpu_sampler import CpuReplicaPool, SamplerReplica, build_model_config, check_sampling_params
+
 from verl.workers.remote_client.arctic.errors import ArcticResponseError
 from verl.workers.remote_client.arctic.generation import parse_result
 
-from arctic_standin import cpu_sampler
-from arctic_standin.cpu_sampler import CpuReplicaPool, SamplerReplica, build_model_config, check_sampling_params
+TEST_TIER = "integration"  # starts Ray, a server, an engine or a model (tiers: tests/conftest.py)
 
 # The tests on the pool start Ray and a replica actor (~30 s on 2 cores); the others are instant.
 SLOW = pytest.mark.slow
@@ -195,8 +196,14 @@ GOOD = {"token_ids": [7, 9], "logprobs": [{"7": {"logprob": -0.5, "rank": 1}}, {
 @pytest.mark.parametrize(
     "logprobs, pattern",
     [
-        ([-0.5, -1.25], r"logprobs\[0\] is float -0\.5, expected a dict mapping token ids"),  # the old lax double's shape
-        ([{"8": {"logprob": -0.5, "rank": 1}}, GOOD["logprobs"][1]], r"no entry for the sampled token 7 \(token ids present: 8\)"),
+        (
+            [-0.5, -1.25],
+            r"logprobs\[0\] is float -0\.5, expected a dict mapping token ids",
+        ),  # the old lax double's shape
+        (
+            [{"8": {"logprob": -0.5, "rank": 1}}, GOOD["logprobs"][1]],
+            r"no entry for the sampled token 7 \(token ids present: 8\)",
+        ),
         ([{7: {"logprob": -0.5, "rank": 1}}, GOOD["logprobs"][1]], r"int key 7; token ids arrive as strings"),
         ([{"7": -0.5}, GOOD["logprobs"][1]], r"for the sampled token 7 is -0\.5, expected \{'logprob'"),
         ([{"7": {"logprob": float("nan"), "rank": 1}}, GOOD["logprobs"][1]], r"sampled token 7 is .*nan"),

@@ -10,14 +10,17 @@ import asyncio
 
 import pytest
 import torch
+from arctic_standin.harness import compose_config
 
 from verl.remote_backend.errors import ConfigError
 from verl.workers.remote_client.arctic.bodies import row_chunks
-from verl.workers.remote_client.arctic.config import load_arctic_config
-from verl.workers.remote_client.arctic.derive import derive_log_prob_ds_config, derive_vllm_config, log_prob_rows_per_request
 from verl.workers.remote_client.arctic.client import ArcticBackend
-
-from arctic_standin.harness import compose_config
+from verl.workers.remote_client.arctic.config import load_arctic_config
+from verl.workers.remote_client.arctic.derive import (
+    derive_log_prob_ds_config,
+    derive_vllm_config,
+    log_prob_rows_per_request,
+)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +44,12 @@ def test_straight_through_kl_variants_fail_in_arctics_loss_and_are_refused(model
 
     with pytest.raises(NotImplementedError):  # what the server does mid-run
         kl_penalty(torch.zeros(3), torch.zeros(3), kl_type)
-    cfg = cfg_with(model_dir, tmp_path, "actor_rollout_ref.actor.use_kl_loss=true", f"actor_rollout_ref.actor.kl_loss_type={kl_type}")
+    cfg = cfg_with(
+        model_dir,
+        tmp_path,
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        f"actor_rollout_ref.actor.kl_loss_type={kl_type}",
+    )
     with pytest.raises(ConfigError, match=rf"kl_loss_type='{kl_type.replace('+', '[+]')}'"):
         ArcticBackend.check_config(cfg)
 
@@ -62,10 +70,23 @@ def test_token_budget_below_the_load_balancers_need_fails_there_and_is_refused(m
     with pytest.raises(ConfigError, match=r"ppo_max_token_len_per_gpu=31: .*16 \+ 8 x 2 = 32.*raise it to >= 32"):
         ArcticBackend.check_config(small)
     with pytest.raises(ValueError, match="max_token_len=31 is smaller than 32"):
-        reorg_global_batch(_balancer_batch(4, 16, 8, 2), response_length=8, world_size=1, max_token_len=31, max_group_length_threshold=2)
+        reorg_global_batch(
+            _balancer_batch(4, 16, 8, 2),
+            response_length=8,
+            world_size=1,
+            max_token_len=31,
+            max_group_length_threshold=2,
+        )
     ArcticBackend.check_config(cfg_with(model_dir, tmp_path, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=32"))
-    reorg_global_batch(_balancer_batch(4, 16, 8, 2), response_length=8, world_size=1, max_token_len=32, max_group_length_threshold=2)
-    off = cfg_with(model_dir, tmp_path, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=31", "remote_backend.arctic.zorro.load_balancer=false")
+    reorg_global_batch(
+        _balancer_batch(4, 16, 8, 2), response_length=8, world_size=1, max_token_len=32, max_group_length_threshold=2
+    )
+    off = cfg_with(
+        model_dir,
+        tmp_path,
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=31",
+        "remote_backend.arctic.zorro.load_balancer=false",
+    )
     ArcticBackend.check_config(off)
 
 
@@ -73,20 +94,38 @@ def test_groups_that_cannot_fill_equal_bins_on_several_gpus_fail_there_and_are_r
     from arctic_platform.rl.zorro_train.seqlen_balancing import reorg_global_batch
 
     # 3 prompts x n=2 = 6 rows on 2 GPUs: 3 rows per GPU, groups of 2 cannot fill them
-    args = ["actor_rollout_ref.actor.ppo_mini_batch_size=3", "data.train_batch_size=3", "remote_backend.arctic.training_gpus=2",
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"]  # fmt: skip
+    args = [
+        "actor_rollout_ref.actor.ppo_mini_batch_size=3",
+        "data.train_batch_size=3",
+        "remote_backend.arctic.training_gpus=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+    ]
     with pytest.raises(ConfigError, match=r"training_gpus=2 .* 6 rows .*groups of 2"):
         ArcticBackend.check_config(cfg_with(model_dir, tmp_path, *args))
     with pytest.raises(ValueError):
-        reorg_global_batch(_balancer_batch(6, 16, 8, 2), response_length=8, world_size=2, max_token_len=16384, max_group_length_threshold=2)
-    ok = ["actor_rollout_ref.actor.ppo_mini_batch_size=4", "data.train_batch_size=4", "remote_backend.arctic.training_gpus=2"]
+        reorg_global_batch(
+            _balancer_batch(6, 16, 8, 2),
+            response_length=8,
+            world_size=2,
+            max_token_len=16384,
+            max_group_length_threshold=2,
+        )
+    ok = [
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "data.train_batch_size=4",
+        "remote_backend.arctic.training_gpus=2",
+    ]
     ArcticBackend.check_config(cfg_with(model_dir, tmp_path, *ok))
-    reorg_global_batch(_balancer_batch(8, 16, 8, 2), response_length=8, world_size=2, max_token_len=16384, max_group_length_threshold=2)
+    reorg_global_batch(
+        _balancer_batch(8, 16, 8, 2), response_length=8, world_size=2, max_token_len=16384, max_group_length_threshold=2
+    )
 
 
 def test_rollout_log_probs_are_the_sampled_distributions_as_verl_expects(model_dir, tmp_path):
     cfg = cfg_with(model_dir, tmp_path)
-    assert derive_vllm_config(cfg, load_arctic_config(cfg))["logprobs_mode"] == "processed_logprobs"  # vLLM's default is raw
+    assert (
+        derive_vllm_config(cfg, load_arctic_config(cfg))["logprobs_mode"] == "processed_logprobs"
+    )  # vLLM's default is raw
     raw = cfg_with(model_dir, tmp_path, "remote_backend.arctic.sampling.vllm={logprobs_mode: raw_logprobs}")
     with pytest.raises(ConfigError, match=r"sampling.vllm.logprobs_mode='raw_logprobs'.*Fix: remove it"):
         derive_vllm_config(raw, load_arctic_config(raw))
@@ -117,18 +156,26 @@ def test_log_prob_requests_follow_verls_log_prob_micro_batches(model_dir, tmp_pa
 def test_a_zorro_call_at_another_temperature_than_its_model_was_built_with_is_refused(model_dir, tmp_path):
     """ZoRRo's patched model applies rollout.temperature (its build-time value); a call asking for another one
     would silently get rollout.temperature's log-probs, so it is refused before anything is sent."""
+    from arctic_standin.harness import make_batch
     from transformers import AutoTokenizer
 
-    from arctic_standin.harness import make_batch
-
-    cfg = cfg_with(model_dir, tmp_path, "remote_backend.arctic.zorro.train=true", "actor_rollout_ref.rollout.temperature=0.7",
-                   "data.max_response_length=5")  # fmt: skip
-    backend = ArcticBackend(cfg, load_arctic_config(cfg), client=None, owner=False)  # no server: refused before any call
+    cfg = cfg_with(
+        model_dir,
+        tmp_path,
+        "remote_backend.arctic.zorro.train=true",
+        "actor_rollout_ref.rollout.temperature=0.7",
+        "data.max_response_length=5",
+    )
+    backend = ArcticBackend(
+        cfg, load_arctic_config(cfg), client=None, owner=False
+    )  # no server: refused before any call
     tok = AutoTokenizer.from_pretrained(model_dir)
     data = make_batch(prompt_lens=[3, 2], response_lens=[4, 5], prompt_width=6, response_width=5, vocab=len(tok),
                       pad_token_id=tok.pad_token_id, seed=0, with_update_fields=True)  # fmt: skip
     call = dict(ref=False, calculate_entropy=False, rollout_n=2, pad_token_id=tok.pad_token_id)
-    with pytest.raises(ConfigError, match=r"temperature=0.3, but ZoRRo's model .* built with actor_rollout_ref.rollout.temperature=0.7"):
+    with pytest.raises(
+        ConfigError, match=r"temperature=0.3, but ZoRRo's model .* built with actor_rollout_ref.rollout.temperature=0.7"
+    ):
         asyncio.run(backend.compute_log_prob(data, temperature=0.3, **call))
     with pytest.raises(Exception) as at_built:  # the built temperature passes the check and reaches the (absent) client
         asyncio.run(backend.compute_log_prob(data, temperature=0.7, **call))

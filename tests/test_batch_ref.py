@@ -14,20 +14,22 @@ import pickle
 import pytest
 import torch
 from omegaconf import OmegaConf
-
 from remote_e2e import compose
 from stub_backend import StubBackend
 from support.forwarder import in_process_forwarder
+
 from verl.remote_backend import LogProbResult, RemoteBackendRegistry, UpdateResult
 from verl.remote_backend.base import accepts_batch_refs
-from verl.remote_backend.transport.batch_ref import BatchRef, non_tensor_fields
 from verl.remote_backend.forwarder.dispatch import collect_outputs, dispatch_by_reference
-from verl.remote_backend.transport.wire import WireBatch
-from verl.remote_backend.transport.layout import packed_to_nested
 from verl.remote_backend.forwarder.metrics import normalise_metrics
-from verl.remote_backend.results import as_update_result
 from verl.remote_backend.forwarder.step_timing import StepTiming, remote_overhead_metrics
+from verl.remote_backend.results import as_update_result
+from verl.remote_backend.transport.batch_ref import BatchRef, non_tensor_fields
+from verl.remote_backend.transport.layout import packed_to_nested
+from verl.remote_backend.transport.wire import WireBatch
 from verl.utils import tensordict_utils as tu
+
+TEST_TIER = "integration"  # starts Ray, a server, an engine or a model (tiers: tests/conftest.py)
 
 COMPUTE_S = 0.125
 
@@ -191,7 +193,18 @@ def test_a_backend_without_the_capability_gets_the_fetched_tensordict(forwarder)
     assert not accepts_batch_refs(_RecordingBackend)
     assert not isinstance(seen, BatchRef) and "no_lora_adapter" not in seen.keys()
     assert out["log_probs"].offsets().tolist() == [0, 5, 12] and out["entropy"].values().tolist() == [
-        0.0, 1.0, 2.0, 3.0, 0.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 0.0  # rows' last slots 0
+        0.0,
+        1.0,
+        2.0,
+        3.0,
+        0.0,
+        5.0,
+        6.0,
+        7.0,
+        8.0,
+        9.0,
+        10.0,
+        0.0,  # rows' last slots 0
     ]
 
 

@@ -13,7 +13,6 @@ import subprocess
 import sys
 
 import pytest
-
 from remote_e2e import REPO_ROOT
 
 pytestmark = pytest.mark.slow

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import pytest
 import ray
-
 from remote_e2e import REMOTE_BASE_OVERRIDES, compose
 from stub_backend import StubBackend
+
 from verl.remote_backend import RemoteBackend, RemoteBackendRegistry, UnknownBackendError
-from verl.remote_backend.main_ppo import run
 from verl.remote_backend.errors import ConfigError
 from verl.remote_backend.launch.rules import REMOTE_ROLLOUT_NAME
 from verl.remote_backend.launch.validation import required_ray_cpus, validate_remote_backend_config
+from verl.remote_backend.main_ppo import run
 
 # The smallest valid remote-backend config; each test changes one thing.
 GOOD = list(REMOTE_BASE_OVERRIDES)
@@ -154,7 +154,9 @@ def _fake_checkpoint(root, step: int) -> None:
 def test_resume_with_a_backend_that_cannot_load_fails_at_start_up(no_resume_backend, tmp_path):
     _fake_checkpoint(tmp_path, 4)
     overrides = _with(
-        f"trainer.remote_backend={no_resume_backend}", "trainer.resume_mode=auto", f"trainer.default_local_dir={tmp_path}"
+        f"trainer.remote_backend={no_resume_backend}",
+        "trainer.resume_mode=auto",
+        f"trainer.default_local_dir={tmp_path}",
     )
     message = _fails_before_workers(overrides)
     assert message.startswith("trainer.resume_mode='auto'")
@@ -173,7 +175,9 @@ def test_resume_with_a_backend_that_cannot_load_fails_at_start_up(no_resume_back
 
 def test_auto_resume_without_a_checkpoint_starts_from_scratch_even_without_load(no_resume_backend, tmp_path):
     overrides = _with(
-        f"trainer.remote_backend={no_resume_backend}", "trainer.resume_mode=auto", f"trainer.default_local_dir={tmp_path}"
+        f"trainer.remote_backend={no_resume_backend}",
+        "trainer.resume_mode=auto",
+        f"trainer.default_local_dir={tmp_path}",
     )
     plan = validate_remote_backend_config(compose(overrides))
     assert plan.resume_from is None
@@ -184,7 +188,9 @@ def test_local_backend_resume_is_accepted(tmp_path):
 
     _fake_checkpoint(tmp_path, 2)
     # the local engine's own format inside actor/, which its checkpoint_problem verifies
-    write_checkpoint_dir(str(tmp_path / "global_step_2" / "actor"), 2, {"model.safetensors": lambda f: open(f, "wb").write(b"w")})
+    write_checkpoint_dir(
+        str(tmp_path / "global_step_2" / "actor"), 2, {"model.safetensors": lambda f: open(f, "wb").write(b"w")}
+    )
     plan = validate_remote_backend_config(
         compose(_with("trainer.resume_mode=auto", f"trainer.default_local_dir={tmp_path}"))
     )
@@ -218,7 +224,9 @@ def test_arctic_resume_from_a_step_the_server_never_saved_fails_before_ray(tmp_p
 
     pytest.importorskip("arctic_platform")
     _fake_checkpoint(tmp_path, 2)  # verl's part complete; Arctic's DeepSpeed files absent
-    overrides = _with("trainer.remote_backend=arctic", "trainer.resume_mode=auto", f"trainer.default_local_dir={tmp_path}")
+    overrides = _with(
+        "trainer.remote_backend=arctic", "trainer.resume_mode=auto", f"trainer.default_local_dir={tmp_path}"
+    )
     message = _fails_before_workers(overrides, ResumeCheckpointError)
     assert "global_step_2" in message and "checkpoint-2/latest is missing" in message
 
@@ -230,7 +238,11 @@ def test_arctic_resume_from_a_step_the_server_never_saved_fails_before_ray(tmp_p
         ("actor_rollout_ref.actor.ppo_epochs=0", "actor_rollout_ref.actor.ppo_epochs=0", "set ppo_epochs >= 1"),
         # 6 prompts cannot split into mini-batches of 4 (verl would find out after a full rollout)
         ("actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "(e.g. 3)"),
-        ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "a divisor of 6"),
+        (
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+            "a divisor of 6",
+        ),
     ],
 )
 def test_batch_sizes_that_do_not_divide_fail_before_ray(change, setting, fix):
@@ -264,7 +276,10 @@ def test_empty_prompts_are_counted_and_fail_before_ray(tmp_path):
 
 def test_overlong_prompts_kept_by_the_filter_setting_fail_before_ray(tiny_model_dir, tmp_path):
     model = tiny_model_dir
-    rows = [{"prompt": [{"role": "user", "content": "short"}]}, {"prompt": [{"role": "user", "content": "long " * 200}]}]
+    rows = [
+        {"prompt": [{"role": "user", "content": "short"}]},
+        {"prompt": [{"role": "user", "content": "long " * 200}]},
+    ]
     train = _parquet(tmp_path / "train.parquet", rows)
     base = _with(f"actor_rollout_ref.model.path={model}", f"data.train_files={train}", "data.max_prompt_length=64")
     message = _fails_before_workers(base + ["data.filter_overlong_prompts=false"])
@@ -282,4 +297,6 @@ def test_local_engine_on_cuda_without_a_gpu_fails_before_ray_instead_of_waiting(
     assert message.startswith("remote_backend.local.device='cuda': this machine has no visible CUDA GPU")
     assert "Fix: set remote_backend.local.device=cpu" in message
     # joining an existing cluster: its GPUs may be elsewhere, so this check stays out of the way
-    validate_remote_backend_config(compose(_with("remote_backend.local.device=cuda", "+ray_kwargs.ray_init.address=auto")))
+    validate_remote_backend_config(
+        compose(_with("remote_backend.local.device=cuda", "+ray_kwargs.ray_init.address=auto"))
+    )

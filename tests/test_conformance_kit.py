@@ -11,9 +11,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from broken_adapters import BROKEN, STUB_NAME
-from verl.remote_backend.testing.conformance import CHECKS, KitOptions, run_conformance, kit_config
+
+from verl.remote_backend.testing.conformance import CHECKS, KitOptions, kit_config, run_conformance
 
 pytestmark = pytest.mark.slow
 
@@ -52,11 +52,13 @@ def test_the_readme_adapter_passes_as_pytest_tests_from_its_own_file(tmp_path):
     readme = (REPO_ROOT / "README.md").read_text()
     code = readme.split("## Writing your own adapter", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     (tmp_path / "my_engine_adapter.py").write_text(code)
-    (tmp_path / "test_my_engine_conformance.py").write_text(textwrap.dedent("""
+    (tmp_path / "test_my_engine_conformance.py").write_text(
+        textwrap.dedent("""
         from verl.remote_backend.testing.pytest_support import conformance_test
 
         test_my_engine = conformance_test("my-engine")
-    """))
+    """)
+    )
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "VERL_USE_EXTERNAL_MODULES": "my_engine_adapter"}
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", "test_my_engine_conformance.py"],

@@ -5,8 +5,8 @@ from __future__ import annotations
 import inspect
 
 import pytest
-
 from stub_backend import StubBackend
+
 from verl.remote_backend import BackendDevice, RemoteBackend, supports_resume
 
 CONTRACT = (
@@ -92,7 +92,10 @@ def test_single_forwarder_is_asked_on_the_class_and_a_legacy_instance_method_sti
         def requires_single_forwarder(self):
             return self._engine.is_sharded()  # state that exists only after from_config
 
-    with pytest.warns(DeprecationWarning), pytest.raises(TypeError, match="declare it a @classmethod returning a constant"):
+    with (
+        pytest.warns(DeprecationWarning),
+        pytest.raises(TypeError, match="declare it a @classmethod returning a constant"),
+    ):
         requires_single_forwarder(StateDependent)
 
 

@@ -13,14 +13,14 @@ import re
 
 import pytest
 from omegaconf import OmegaConf
-
 from remote_e2e import (
     REQUIRED_STEP_METRICS,
     compose,
     verl_grpo_gsm8k_line,
 )
-from verl.remote_backend.launch.derive import derive_remote_settings, describe, explicit_override_keys
+
 from verl.remote_backend.errors import ConfigError
+from verl.remote_backend.launch.derive import derive_remote_settings, describe, explicit_override_keys
 from verl.remote_backend.launch.rules import check_required_settings, required_settings
 from verl.remote_backend.launch.validation import validate_remote_backend_config
 

@@ -17,7 +17,6 @@ import math
 import re
 
 import pytest
-
 from remote_e2e import REQUIRED_STEP_METRICS
 
 pytestmark = pytest.mark.slow

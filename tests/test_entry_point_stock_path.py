@@ -9,8 +9,9 @@ import sys
 import pytest
 import yaml
 from omegaconf import OmegaConf
-
 from remote_e2e import REMOTE_BASE_OVERRIDES, REPO_ROOT, compose
+
+TEST_TIER = "integration"  # starts Ray, a server, an engine or a model (tiers: tests/conftest.py)
 
 OUR_KEYS_NOTE = "trainer.remote_backend and remote_backend.* are the only additions"
 

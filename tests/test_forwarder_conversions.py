@@ -9,11 +9,11 @@ import torch
 from tensordict import TensorDict
 
 from verl.remote_backend.checkpoints import checkpoints_to_prune, parse_global_step
-from verl.remote_backend.launch.cpu_compat import flash_attn_fallback_installed, install_flash_attn_fallback
-from verl.remote_backend.transport.layout import packed_to_nested, sequence_lengths
 from verl.remote_backend.forwarder.metrics import aggregation_for, normalise_metrics
 from verl.remote_backend.forwarder.mfu import compute_mfu, resolve_peak_flops
+from verl.remote_backend.launch.cpu_compat import flash_attn_fallback_installed, install_flash_attn_fallback
 from verl.remote_backend.results import BackendDevice
+from verl.remote_backend.transport.layout import packed_to_nested, sequence_lengths
 
 
 def _padded_batch() -> TensorDict:

@@ -10,20 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import types
 import json
+import types
 from pathlib import Path
 
 import pytest
 import torch
 from omegaconf import OmegaConf
-
 from remote_e2e import compose
 from stub_backend import StubBackend
 from support.forwarder import in_process_forwarder
+
 from verl.remote_backend import BackendDevice, RemoteBackend, RemoteBackendRegistry
 from verl.remote_backend.errors import ConfigError, ResumeCheckpointError
 from verl.utils import tensordict_utils as tu
+
+TEST_TIER = "integration"  # starts Ray, a server, an engine or a model (tiers: tests/conftest.py)
 
 PEAK = 989e12  # one device, FLOP/s
 GPUS = 8
@@ -120,9 +122,24 @@ def test_log_prob_mfu_is_a_third_and_outputs_are_nested(forwarder, tiny_model_di
     assert metrics["mfu"] == pytest.approx(expected, rel=1e-9)
     log_probs, entropy = out["log_probs"], out["entropy"]
     assert log_probs.is_nested and log_probs.offsets().diff().tolist() == [5, 7]
-    assert entropy.values().tolist() == [0.0, 1.0, 2.0, 3.0, 0.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 0.0]  # rows' last slots 0
+    assert entropy.values().tolist() == [
+        0.0,
+        1.0,
+        2.0,
+        3.0,
+        0.0,
+        5.0,
+        6.0,
+        7.0,
+        8.0,
+        9.0,
+        10.0,
+        0.0,
+    ]  # rows' last slots 0
     ref = asyncio.run(forwarder.compute_ref_log_prob(_batch()))
-    assert ref["log_probs"].values().tolist() == [-2.0] * 4 + [0.0] + [-2.0] * 6 + [0.0]  # the reference's, last slots 0
+    assert ref["log_probs"].values().tolist() == [-2.0] * 4 + [0.0] + [-2.0] * 6 + [
+        0.0
+    ]  # the reference's, last slots 0
 
 
 def test_forwarder_passes_verls_values_to_the_backend(forwarder, tiny_model_dir):

@@ -17,8 +17,8 @@ import time
 import psutil
 import pytest
 
+from verl.remote_backend.errors import BackendDiedError, RunInterruptedError
 from verl.remote_backend.launch.failure_report import failure_report, root_cause
-from verl.remote_backend.errors import RunInterruptedError
 from verl.remote_backend.launch.interrupts import (
     interrupt_report,
     raise_if_interrupted,
@@ -26,7 +26,8 @@ from verl.remote_backend.launch.interrupts import (
     sigint_raises_keyboard_interrupt,
 )
 from verl.remote_backend.launch.reaper import is_running
-from verl.remote_backend.errors import BackendDiedError
+
+TEST_TIER = "integration"  # starts Ray, a server, an engine or a model (tiers: tests/conftest.py)
 
 
 # ---------------------------------------------------------------- the failure block
@@ -54,8 +55,7 @@ def test_the_failure_block_keeps_the_fix_lines_of_a_multi_line_message():
     err = ConfigError("data.train_batch_size=6: not a multiple of ppo_mini_batch_size=4.\nFix: set 8 or 4")
     lines = failure_report(err).splitlines()
     assert lines[0] == (
-        "[remote_backend] run failed: ConfigError: data.train_batch_size=6: not a multiple of "
-        "ppo_mini_batch_size=4."
+        "[remote_backend] run failed: ConfigError: data.train_batch_size=6: not a multiple of ppo_mini_batch_size=4."
     )
     assert lines[1] == "  Fix: set 8 or 4"
 
@@ -156,4 +156,3 @@ def test_a_killed_drivers_processes_are_stopped_by_the_reaper():
         proc.kill()
     assert not alive, f"still running 15 s after the driver's death: {sorted(alive)}"
     assert time.monotonic() - start < 10
-

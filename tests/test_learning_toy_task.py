@@ -15,7 +15,6 @@ was measured.
 from __future__ import annotations
 
 import pytest
-
 from remote_e2e import TESTS_DIR, run_entry, small_ci_overrides
 
 pytestmark = pytest.mark.slow

@@ -6,13 +6,14 @@ import os
 
 import pytest
 import torch
-
 from local_backend_helpers import (
     dense_rollout_batch,
     main_config,
     random_rollouts,
     to_no_padding,
 )
+
+TEST_TIER = "integration"  # starts Ray, a server, an engine or a model (tiers: tests/conftest.py)
 
 
 def _batch(seed):
@@ -23,15 +24,27 @@ def _batch(seed):
     dense["old_log_probs"] = -6.2 * mask + 0.1 * torch.randn(mask.shape, generator=g) * mask
     dense["ref_log_prob"] = dense["old_log_probs"].clone()
     dense["advantages"] = torch.randn(4, 1, generator=g).expand_as(mask) * mask
-    return to_no_padding(dense, mini_batch_size=2, global_batch_size=2, epochs=1, seed=0,
-                         dataloader_kwargs={"shuffle": True}, calculate_entropy=False)
+    return to_no_padding(
+        dense,
+        mini_batch_size=2,
+        global_batch_size=2,
+        epochs=1,
+        seed=0,
+        dataloader_kwargs={"shuffle": True},
+        calculate_entropy=False,
+    )
 
 
 @pytest.fixture(scope="module")
 def cfg(tiny_model_dir):
     # warmup so the LR schedule state matters on resume
-    return main_config(tiny_model_dir, ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2, use_kl_loss=True,
-                       **{"optim.lr_warmup_steps": 5})
+    return main_config(
+        tiny_model_dir,
+        ppo_mini_batch_size=2,
+        ppo_micro_batch_size_per_gpu=2,
+        use_kl_loss=True,
+        **{"optim.lr_warmup_steps": 5},
+    )
 
 
 def _engine(cfg):
@@ -162,8 +175,10 @@ def test_saving_over_an_existing_checkpoint_is_atomic(tmp_path):
     path = str(tmp_path / "ck")
     write_checkpoint_dir(path, 1, {"a.txt": text("one")})
     with pytest.raises(RuntimeError, match="disk full"):
+
         def fail(f):
             raise RuntimeError("disk full")
+
         write_checkpoint_dir(path, 2, {"a.txt": text("two"), "b.txt": fail})
     assert verify_checkpoint_dir(path)["step"] == 1 and open(os.path.join(path, "a.txt")).read() == "one"
     write_checkpoint_dir(path, 2, {"a.txt": text("two")})

@@ -6,8 +6,9 @@ import os
 
 import pytest
 import torch
-
 from local_backend_helpers import engine_settings, main_config
+
+TEST_TIER = "integration"  # starts Ray, a server, an engine or a model (tiers: tests/conftest.py)
 
 
 def _cfg(model_path, **local):
@@ -21,7 +22,9 @@ def _cfg(model_path, **local):
     )
 
 
-@pytest.mark.parametrize("path, match", [(None, "no model is set"), ("/definitely/not/here", "no such model directory")])
+@pytest.mark.parametrize(
+    "path, match", [(None, "no model is set"), ("/definitely/not/here", "no such model directory")]
+)
 def test_missing_model_path_names_the_key(path, match):
     from verl.remote_backend.errors import ConfigError
     from verl.workers.remote_client.local.config import EngineSettings

@@ -14,7 +14,6 @@ import tempfile
 
 import pytest
 import torch
-
 from local_backend_helpers import (
     dense_rollout_batch,
     engine_settings,
@@ -22,6 +21,8 @@ from local_backend_helpers import (
     random_rollouts,
     to_no_padding,
 )
+
+TEST_TIER = "integration"  # starts Ray, a server, an engine or a model (tiers: tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
@@ -196,8 +197,16 @@ def _verl_legacy_update(model_dir, dense, actor_cfg, optim_cfg, temperature):
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     optimizer = build_optimizer(model.parameters(), optim_cfg)
     actor = DataParallelPPOActor(actor_cfg, model, optimizer)
-    keys = ["responses", "response_mask", "input_ids", "attention_mask", "position_ids", "old_log_probs",
-            "advantages", "ref_log_prob"]
+    keys = [
+        "responses",
+        "response_mask",
+        "input_ids",
+        "attention_mask",
+        "position_ids",
+        "old_log_probs",
+        "advantages",
+        "ref_log_prob",
+    ]
     proto = DataProto.from_dict(tensors={k: dense[k] for k in keys}, meta_info={"temperature": temperature})
     metrics = actor.update_policy(proto)
     return metrics, model
@@ -205,12 +214,15 @@ def _verl_legacy_update(model_dir, dense, actor_cfg, optim_cfg, temperature):
 
 CASES = {
     # loss mode, optimizer, KL loss, entropy bonus, loss aggregation
-    "vanilla-sgd-kl": dict(loss_mode="vanilla", optimizer="SGD", use_kl_loss=True, entropy_coeff=0.0,
-                           loss_agg_mode="token-mean"),
-    "vanilla-adamw-entropy": dict(loss_mode="vanilla", optimizer="AdamW", use_kl_loss=False, entropy_coeff=0.01,
-                                  loss_agg_mode="token-mean"),
-    "gspo-sgd-kl": dict(loss_mode="gspo", optimizer="SGD", use_kl_loss=True, entropy_coeff=0.0,
-                        loss_agg_mode="seq-mean-token-mean"),
+    "vanilla-sgd-kl": dict(
+        loss_mode="vanilla", optimizer="SGD", use_kl_loss=True, entropy_coeff=0.0, loss_agg_mode="token-mean"
+    ),
+    "vanilla-adamw-entropy": dict(
+        loss_mode="vanilla", optimizer="AdamW", use_kl_loss=False, entropy_coeff=0.01, loss_agg_mode="token-mean"
+    ),
+    "gspo-sgd-kl": dict(
+        loss_mode="gspo", optimizer="SGD", use_kl_loss=True, entropy_coeff=0.0, loss_agg_mode="seq-mean-token-mean"
+    ),
 }
 
 
@@ -310,11 +322,23 @@ def test_micro_batch_accumulation_is_invariant_to_the_micro_batch_size(tiny_mode
     dense = _update_inputs(tiny_model_dir, 8, seed=3, temperature=1.0)
     results = []
     for micro in (1, 2, 4):
-        cfg = main_config(tiny_model_dir, ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=micro, use_kl_loss=True,
-                          **{"optim.optimizer": "SGD", "optim.lr": 0.05})  # SGD: the update is the gradient
+        cfg = main_config(
+            tiny_model_dir,
+            ppo_mini_batch_size=8,
+            ppo_micro_batch_size_per_gpu=micro,
+            use_kl_loss=True,
+            **{"optim.optimizer": "SGD", "optim.lr": 0.05},
+        )  # SGD: the update is the gradient
         eng = LocalEngine(EngineSettings.from_main_config(cfg))
-        td = to_no_padding(dense, mini_batch_size=8, global_batch_size=8, epochs=1, seed=1,
-                           dataloader_kwargs={"shuffle": False}, calculate_entropy=False)
+        td = to_no_padding(
+            dense,
+            mini_batch_size=8,
+            global_batch_size=8,
+            epochs=1,
+            seed=1,
+            dataloader_kwargs={"shuffle": False},
+            calculate_entropy=False,
+        )
         out = eng.update_actor(td, cfg.actor_rollout_ref.actor)
         results.append((out, torch.cat([p.detach().flatten() for p in eng.model.parameters()])))
     (base, base_params), *others = results
@@ -334,8 +358,15 @@ def test_epochs_and_shuffle_follow_verl_make_iterator(tiny_model_dir):
     runs = []
     for seed in (11, 11, 12):
         eng = LocalEngine(EngineSettings.from_main_config(cfg))
-        td = to_no_padding(dense, mini_batch_size=4, global_batch_size=4, epochs=2, seed=seed,
-                           dataloader_kwargs={"shuffle": True}, calculate_entropy=False)
+        td = to_no_padding(
+            dense,
+            mini_batch_size=4,
+            global_batch_size=4,
+            epochs=2,
+            seed=seed,
+            dataloader_kwargs={"shuffle": True},
+            calculate_entropy=False,
+        )
         out = eng.update_actor(td, cfg.actor_rollout_ref.actor)
         assert len(out.metrics["grad_norm"]) == 4 and eng.optimizer_steps == 4
         assert out.global_token_num == td["input_ids"].offsets().diff().tolist()  # per sample, once
@@ -382,8 +413,11 @@ def test_shuffled_epochs_from_the_actor_config_match_verl_dp_actor_in_make_itera
     legacy_cfg = copy.deepcopy(cfg)
     OmegaConf.update(legacy_cfg, "actor_rollout_ref.actor.ppo_epochs", 1)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    actor = DataParallelPPOActor(omega_conf_to_dataclass(legacy_cfg.actor_rollout_ref.actor), model,
-                                 build_optimizer(model.parameters(), omega_conf_to_dataclass(cfg.actor_rollout_ref.actor.optim)))  # fmt: skip
+    actor = DataParallelPPOActor(
+        omega_conf_to_dataclass(legacy_cfg.actor_rollout_ref.actor),
+        model,
+        build_optimizer(model.parameters(), omega_conf_to_dataclass(cfg.actor_rollout_ref.actor.optim)),
+    )
     keys = ["responses", "response_mask", "input_ids", "attention_mask", "position_ids", "old_log_probs", "advantages"]
     legacy_grad_norms, legacy_pg = [], []
     for perm in per_epoch:
@@ -401,7 +435,9 @@ def test_shuffled_epochs_from_the_actor_config_match_verl_dp_actor_in_make_itera
     steps = n // mini
     assert len(m["grad_norm"]) == epochs * steps and eng.optimizer_steps == epochs * steps
     assert m["grad_norm"] == pytest.approx(legacy_grad_norms, rel=1e-5)
-    assert [sum(m["pg_loss"][e * steps : (e + 1) * steps]) for e in range(epochs)] == pytest.approx(legacy_pg, rel=1e-5, abs=1e-7)
+    assert [sum(m["pg_loss"][e * steps : (e + 1) * steps]) for e in range(epochs)] == pytest.approx(
+        legacy_pg, rel=1e-5, abs=1e-7
+    )
     legacy_params = dict(model.named_parameters())
     ours = torch.cat([(p.detach() - initial[k]).flatten() for k, p in eng.model.named_parameters()])
     theirs = torch.cat([(legacy_params[k].detach() - initial[k]).flatten() for k in initial])

@@ -7,17 +7,16 @@ import time
 
 import pytest
 import torch
-
-from verl.remote_backend.errors import BackendClosedError
-from support.aio import run_async as run
-
 from local_backend_helpers import (
-    engine_info,
     dense_rollout_batch,
+    engine_info,
     main_config,
     random_rollouts,
     to_no_padding,
 )
+from support.aio import run_async as run
+
+from verl.remote_backend.errors import BackendClosedError
 
 pytestmark = pytest.mark.slow
 
@@ -44,34 +43,48 @@ def _update_batch(seed=0):
     dense["old_log_probs"] = -6.2 * mask
     dense["ref_log_prob"] = -6.2 * mask
     dense["advantages"] = torch.randn(8, 1, generator=g).expand_as(mask) * mask
-    return to_no_padding(dense, mini_batch_size=4, global_batch_size=4, epochs=1, seed=42,
-                         dataloader_kwargs={"shuffle": False}, calculate_entropy=False, temperature=1.0)
+    return to_no_padding(
+        dense,
+        mini_batch_size=4,
+        global_batch_size=4,
+        epochs=1,
+        seed=42,
+        dataloader_kwargs={"shuffle": False},
+        calculate_entropy=False,
+        temperature=1.0,
+    )
 
 
 def test_contract_ops_through_the_ray_actor(backend, cfg, tiny_model_dir):
+    from local_backend_helpers import engine_settings
+
     from verl.remote_backend.base import supports_resume
     from verl.workers.remote_client.local.engine import LocalEngine
-    from local_backend_helpers import engine_settings
 
     assert backend.requires_single_forwarder() is True
     assert supports_resume(backend)
     prompts, responses = random_rollouts(5, seed=4)
     td = to_no_padding(dense_rollout_batch(prompts, responses), calculate_entropy=True)
 
-    out = run(backend.compute_log_prob(td, ref=False, calculate_entropy=True, rollout_n=1, temperature=1.0,
-                                       pad_token_id=0))
+    out = run(
+        backend.compute_log_prob(td, ref=False, calculate_entropy=True, rollout_n=1, temperature=1.0, pad_token_id=0)
+    )
     local = LocalEngine(engine_settings(tiny_model_dir)).log_probs(td, calculate_entropy=True)
     torch.testing.assert_close(out.log_probs, local["log_probs"], atol=1e-5, rtol=0)
     torch.testing.assert_close(out.entropy, local["entropy"], atol=1e-5, rtol=0)
     assert out.device.type == "cpu" and out.compute_s > 0
-    ref = run(backend.compute_log_prob(td, ref=True, calculate_entropy=False, rollout_n=1, temperature=1.0,
-                                       pad_token_id=0))
+    ref = run(
+        backend.compute_log_prob(td, ref=True, calculate_entropy=False, rollout_n=1, temperature=1.0, pad_token_id=0)
+    )
     assert ref.entropy is None
 
     batch = _update_batch()
     # actor_config as verl's worker passes it: the DictConfig block
-    upd = run(backend.update_actor(batch, actor_config=cfg.actor_rollout_ref.actor, pad_token_id=0, rollout_n=1,
-                                   temperature=1.0))
+    upd = run(
+        backend.update_actor(
+            batch, actor_config=cfg.actor_rollout_ref.actor, pad_token_id=0, rollout_n=1, temperature=1.0
+        )
+    )
     assert isinstance(upd.loss, float)
     assert {"pg_loss", "pg_clipfrac", "ppo_kl", "grad_norm", "lr", "entropy", "kl_loss"} <= set(upd.metrics)
     for key, val in upd.metrics.items():

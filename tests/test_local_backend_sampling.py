@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from local_backend_helpers import engine_settings
+
+TEST_TIER = "integration"  # starts Ray, a server, an engine or a model (tiers: tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +164,9 @@ def test_requests_joining_a_running_batch_decode_as_if_alone(engine):
     batch = engine.decode_batch()
     results, step = {}, 0
     while step < 50 and (len(results) < len(plan)):
-        admit = [(i, engine.make_request(p, {**greedy, "max_tokens": m})) for i, (s, p, m) in enumerate(plan) if s == step]
+        admit = [
+            (i, engine.make_request(p, {**greedy, "max_tokens": m})) for i, (s, p, m) in enumerate(plan) if s == step
+        ]
         results.update(engine.decode_step(batch, admit))
         step += 1
     assert len(batch) == 0 and len(results) == len(plan)
@@ -186,5 +189,7 @@ def test_a_seeded_request_samples_the_same_tokens_whatever_its_batch_mates_and_o
     assert [shuffled[order.index(i)].token_ids for i in range(len(PROMPTS))] == alone
     assert [r.token_ids for r in mixed[1:]] == alone
     # and the seed matters: another seed gives another sample for at least one prompt
-    other = [engine.sample([engine.make_request(p, dict(params, seed=5000 + i))])[0].token_ids for i, p in enumerate(PROMPTS)]
+    other = [
+        engine.sample([engine.make_request(p, dict(params, seed=5000 + i))])[0].token_ids for i, p in enumerate(PROMPTS)
+    ]
     assert other != alone

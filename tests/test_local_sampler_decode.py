@@ -7,8 +7,9 @@ import time
 
 import pytest
 import torch
-
 from local_backend_helpers import engine_settings
+
+TEST_TIER = "integration"  # starts Ray, a server, an engine or a model (tiers: tests/conftest.py)
 
 PROMPTS = [[5, 17, 33, 9], [100, 7], [42, 43, 44, 45, 46, 47, 48], [300], list(range(50, 75)), [8, 9, 10]]
 
@@ -25,10 +26,13 @@ def test_greedy_tokens_equal_transformers_generate(engine):
     ours = engine.sample([engine.make_request(p, params) for p in PROMPTS])
     for prompt, res in zip(PROMPTS, ours):
         out = engine.sampler_model.generate(
-            torch.tensor([prompt]), max_new_tokens=10, do_sample=False,
-            eos_token_id=engine.eos_token_ids, pad_token_id=engine.pad_token_id,
+            torch.tensor([prompt]),
+            max_new_tokens=10,
+            do_sample=False,
+            eos_token_id=engine.eos_token_ids,
+            pad_token_id=engine.pad_token_id,
         )
-        assert res.token_ids == out[0, len(prompt):].tolist()
+        assert res.token_ids == out[0, len(prompt) :].tolist()
 
 
 def test_prefill_groups_cover_every_prompt_with_little_padding():
@@ -72,8 +76,9 @@ def test_a_request_joining_a_running_batch_gets_its_solo_greedy_tokens(engine):
 def test_tokens_do_not_depend_on_whether_log_probs_are_asked(engine, temperature):
     def run(logprobs: bool):
         reqs = [
-            engine.make_request(p, {"max_tokens": 9, "temperature": temperature, "top_k": 40, "seed": 7 + i,
-                                    "logprobs": logprobs})
+            engine.make_request(
+                p, {"max_tokens": 9, "temperature": temperature, "top_k": 40, "seed": 7 + i, "logprobs": logprobs}
+            )
             for i, p in enumerate(PROMPTS)
         ]
         return engine.sample(reqs)
@@ -95,8 +100,9 @@ def test_seen_matrix_exists_only_while_a_row_uses_a_repetition_penalty(engine):
     assert batch.seen is None or len(batch) == 0
     # the penalised row decodes as it does alone
     alone = engine.generate(PROMPTS[1], penal).token_ids
-    mixed = engine.sample([engine.make_request(PROMPTS[0], {"max_tokens": 6, "temperature": 0}),
-                           engine.make_request(PROMPTS[1], penal)])
+    mixed = engine.sample(
+        [engine.make_request(PROMPTS[0], {"max_tokens": 6, "temperature": 0}), engine.make_request(PROMPTS[1], penal)]
+    )
     assert mixed[1].token_ids == alone
 
 
@@ -130,7 +136,9 @@ def _independent_forward_flops(config, seqlens: list[int]) -> float:
     h, layers, vocab = config.hidden_size, config.num_hidden_layers, config.vocab_size
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     head_dim = getattr(config, "head_dim", None) or h // heads
-    per_layer = h * heads * head_dim + 2 * h * kv_heads * head_dim + heads * head_dim * h + 3 * h * config.intermediate_size
+    per_layer = (
+        h * heads * head_dim + 2 * h * kv_heads * head_dim + heads * head_dim * h + 3 * h * config.intermediate_size
+    )
     tokens = sum(seqlens)
     # causal attention: scores and weighted values over the lower triangle, s^2 / 2 pairs each
     attention = 2 * sum(s * s for s in seqlens) * head_dim * heads * layers
@@ -147,7 +155,8 @@ def test_reported_mfu_matches_an_independent_flop_count_over_the_measured_peak(e
     assert device.peak_flops is not None and device.peak_flops > 0
     seqlens = [120, 64, 200, 31]
     ids = torch.nested.nested_tensor_from_jagged(
-        torch.randint(3, engine.vocab_size, (sum(seqlens),)), torch.tensor([0, *torch.tensor(seqlens).cumsum(0).tolist()])
+        torch.randint(3, engine.vocab_size, (sum(seqlens),)),
+        torch.tensor([0, *torch.tensor(seqlens).cumsum(0).tolist()]),
     )
     start = time.perf_counter()
     engine.log_probs({"input_ids": ids})

@@ -9,9 +9,10 @@ import subprocess
 import sys
 
 import pytest
-
 from remote_e2e import REPO_ROOT
 from remote_e2e import load_example as load
+
+TEST_TIER = "integration"  # starts Ray, a server, an engine or a model (tiers: tests/conftest.py)
 
 EXAMPLE = REPO_ROOT / "examples" / "gsm8k_remote"
 
@@ -41,7 +42,8 @@ def test_the_console_shows_our_lines_one_line_per_step_and_everything_after_a_fa
         "ray init kwargs: {...}",
         "\x1b[36m(TaskRunner pid=1)\x1b[0m {'actor_rollout_ref': {'actor': ...",
         "[remote_backend] set for trainer.remote_backend=local: trainer.device=cpu (was cuda)",
-        "\x1b[36m(TaskRunner pid=1)\x1b[0m step:1 - actor/pg_loss:0.012 - critic/score/mean:0.25 - timing_s/step:98.1 - x/y:3",
+        "\x1b[36m(TaskRunner pid=1)\x1b[0m step:1 - actor/pg_loss:0.012 - critic/score/mean:0.25 - "
+        "timing_s/step:98.1 - x/y:3",
         "noise",
         "[remote_backend] run failed: BackendDiedError: remote backend 'local' died during update_actor",
         "Traceback (most recent call last):",
@@ -100,12 +102,15 @@ def test_smollm2_is_prepared_offline_as_a_plain_hf_folder_that_answers_coherentl
     assert type(model).__name__ == "LlamaForCausalLM"
     assert sum(p.numel() for p in model.parameters()) == 134_515_008
     assert model.config.tie_word_embeddings and tokenizer.eos_token_id == 2 and tokenizer.pad_token_id == 2
-    question = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether in April and May?"
+    question = (
+        "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+        "How many clips did Natalia sell altogether in April and May?"
+    )
     ids = tokenizer.apply_chat_template(
         [{"role": "user", "content": question}], add_generation_prompt=True, return_tensors="pt", return_dict=True
     )
     out = model.generate(**ids, max_new_tokens=40, do_sample=False)
-    text = tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+    text = tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
     assert "clips" in text.lower() or "48" in text, text
     assert oct(os.stat(folder).st_mode & 0o777) == "0o755"
 

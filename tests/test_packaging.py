@@ -9,6 +9,8 @@ import pytest
 
 import verl
 
+TEST_TIER = "integration"  # starts Ray, a server, an engine or a model (tiers: tests/conftest.py)
+
 OUR_PACKAGES = ("verl/remote_backend/", "verl/workers/remote_client/", "verl/workers/rollout/remote_rollout/")
 
 
@@ -63,5 +65,9 @@ def test_ray_worker_process_imports_the_plugin_and_adapters_package():
     import os
 
     assert result["pid"] != os.getpid()
-    assert result["modules"] == ["verl.remote_backend", "verl.workers.remote_client", "verl.workers.rollout.remote_rollout"]
+    assert result["modules"] == [
+        "verl.remote_backend",
+        "verl.workers.remote_client",
+        "verl.workers.rollout.remote_rollout",
+    ]
     assert {"local", "arctic"} <= set(result["names"])

@@ -9,8 +9,9 @@ import sys
 
 import pyarrow.parquet as pq
 import pytest
-
 from remote_e2e import GSM8K_DIR, REPO_ROOT, load_example
+
+TEST_TIER = "integration"  # starts Ray, a server, an engine or a model (tiers: tests/conftest.py)
 
 prepare = load_example("prepare_gsm8k")
 SCRIPT = REPO_ROOT / "examples" / "gsm8k_remote" / "prepare_gsm8k.py"

@@ -14,6 +14,8 @@ import pytest
 
 from verl.remote_backend import BackendImportError, RemoteBackend, RemoteBackendRegistry, UnknownBackendError
 
+TEST_TIER = "integration"  # starts Ray, a server, an engine or a model (tiers: tests/conftest.py)
+
 # A complete backend whose module registers itself under NAME when imported.
 BACKEND_MODULE_SOURCE = textwrap.dedent(
     """
@@ -55,7 +57,9 @@ def _run_python(code: str, *, env_extra: dict[str, str] | None = None, pythonpat
     env = dict(os.environ, **(env_extra or {}))
     if pythonpath is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), env.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -8,10 +8,10 @@ import time
 
 import pytest
 from omegaconf import OmegaConf
-
 from support.aio import run_async as run
-from verl.remote_backend.reliability.guard import BackendGuard, log_location, run_with_timeout, supports_health
+
 from verl.remote_backend.errors import BackendDiedError, BackendTimeoutError, BackendTransportError
+from verl.remote_backend.reliability.guard import BackendGuard, log_location, run_with_timeout, supports_health
 from verl.remote_backend.reliability.policy import (
     IDEMPOTENT_OPS,
     NEVER_RETRIED_OPS,
@@ -24,6 +24,8 @@ from verl.remote_backend.reliability.policy import (
     is_transient_error,
     timeout_key,
 )
+
+TEST_TIER = "integration"  # starts Ray, a server, an engine or a model (tiers: tests/conftest.py)
 
 
 def settings(**timeouts) -> ReliabilitySettings:
@@ -47,7 +49,9 @@ def test_defaults_suit_each_op_and_every_key_is_in_the_yaml():
 
 
 def test_settings_read_overrides_and_reject_bad_values():
-    cfg = OmegaConf.create({"remote_backend": {"timeouts": {"generate": 5, "update_actor": None}, "retry": {"attempts": 1}}})
+    cfg = OmegaConf.create(
+        {"remote_backend": {"timeouts": {"generate": 5, "update_actor": None}, "retry": {"attempts": 1}}}
+    )
     s = ReliabilitySettings.from_main_config(cfg)
     assert s.timeouts.generate == 5.0 and s.timeouts.update_actor is None and s.retry.attempts == 1
     assert ReliabilitySettings.from_main_config(OmegaConf.create({})) == ReliabilitySettings()
@@ -202,7 +206,9 @@ def test_the_watchdog_fails_in_flight_calls_when_the_backend_stops_answering():
     guard = BackendGuard(backend, name="fake", settings=settings(update_actor=60, generate=60))
 
     async def scenario():
-        calls = [asyncio.ensure_future(guard.call(op, lambda: asyncio.sleep(60))) for op in ("update_actor", "generate")]
+        calls = [
+            asyncio.ensure_future(guard.call(op, lambda: asyncio.sleep(60))) for op in ("update_actor", "generate")
+        ]
         await asyncio.sleep(0.35)
         assert backend.probes >= 2 and not any(c.done() for c in calls)  # healthy: probes pass, calls wait
         backend.healthy = None  # frozen: probes time out (health limit 0.5s)
@@ -212,7 +218,9 @@ def test_the_watchdog_fails_in_flight_calls_when_the_backend_stops_answering():
 
     results, waited = run(scenario())
     assert all(isinstance(r, BackendDiedError) for r in results), results
-    assert "2 consecutive health probes failed" in str(results[0]) and "no answer to health() within 0.5s" in str(results[0])
+    assert "2 consecutive health probes failed" in str(results[0]) and "no answer to health() within 0.5s" in str(
+        results[0]
+    )
     assert waited < 3
 
 
@@ -240,7 +248,9 @@ def test_a_call_on_a_destroyed_client_is_reported_as_a_stop_not_a_death(caplog):
         raise BackendClosedError("this LocalBackend was destroyed; create or re-attach a new one")
 
     with caplog.at_level("WARNING", logger="verl.remote_backend.reliability.guard"):
-        with pytest.raises(BackendStoppedError, match=r"'local' was stopped during generate \(.*was destroyed.*\).*not a crash"):
+        with pytest.raises(
+            BackendStoppedError, match=r"'local' was stopped during generate \(.*was destroyed.*\).*not a crash"
+        ):
             run(guard.call("generate", after_destroy))
     assert not [r for r in caplog.records if r.levelname == "ERROR"], "a stop must not be logged as an error"
     assert "died" not in str(guard.dead)
@@ -272,7 +282,9 @@ def test_an_engine_stopped_by_ray_kill_is_reported_as_a_stop_not_a_death(caplog)
             return await call
 
         with caplog.at_level("WARNING", logger="verl.remote_backend.reliability.guard"):
-            with pytest.raises(BackendStoppedError, match=r"'local' was stopped during generate \(.*ray.kill.*\).*not a crash"):
+            with pytest.raises(
+                BackendStoppedError, match=r"'local' was stopped during generate \(.*ray.kill.*\).*not a crash"
+            ):
                 run(in_flight_then_teardown())
         assert not [r for r in caplog.records if r.levelname == "ERROR"], "a stop must not be logged as an error"
         assert "died" not in str(guard.dead)
@@ -290,7 +302,9 @@ def test_run_with_timeout_bounds_sync_and_async_teardown():
 
     assert run_with_timeout(adestroy, op="destroy", backend="b", limit_s=1) == "done"
     start = time.monotonic()
-    with pytest.raises(BackendTimeoutError, match=r"destroy did not finish within 0.2s.*remote_backend.timeouts.destroy"):
+    with pytest.raises(
+        BackendTimeoutError, match=r"destroy did not finish within 0.2s.*remote_backend.timeouts.destroy"
+    ):
         run_with_timeout(lambda: time.sleep(5), op="destroy", backend="b", limit_s=0.2)
     assert time.monotonic() - start < 1
     with pytest.raises(KeyError):

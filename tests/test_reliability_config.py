@@ -16,13 +16,14 @@ import sys
 import pytest
 import ray
 import torch
-
 from remote_e2e import REMOTE_BASE_OVERRIDES, REPO_ROOT, compose
-from verl.remote_backend.main_ppo import run
-from verl.remote_backend.errors import ResumeCheckpointError
-from verl.remote_backend.errors import ConfigError
+
+from verl.remote_backend.errors import ConfigError, ResumeCheckpointError
 from verl.remote_backend.launch.validation import validate_remote_backend_config
+from verl.remote_backend.main_ppo import run
 from verl.workers.remote_client.local.checkpoint import write_checkpoint_dir
+
+TEST_TIER = "integration"  # starts Ray, a server, an engine or a model (tiers: tests/conftest.py)
 
 BASE = [
     *REMOTE_BASE_OVERRIDES,
@@ -61,7 +62,10 @@ def test_the_base_config_is_valid(model):
     "path, problem",
     [
         ("null", "actor_rollout_ref.model.path=None: no model is set"),
-        ("/nonexistent/models/qwen", "actor_rollout_ref.model.path='/nonexistent/models/qwen': no such model directory"),
+        (
+            "/nonexistent/models/qwen",
+            "actor_rollout_ref.model.path='/nonexistent/models/qwen': no such model directory",
+        ),
         ("'~/models/deepseek-llm-7b-chat'", "no such model directory. Fix: download the model first"),
     ],
 )
@@ -82,7 +86,11 @@ def test_a_hub_id_is_left_to_the_backend(model):
 def test_response_length_above_the_model_context_is_rejected(model):
     message = fails_before_ray(cfg(model, "data.max_response_length=200"))
     assert message.startswith("data.max_response_length=200: the response length is above the model context")
-    assert "max_position_embeddings" in message and "= 128" in message and "Fix: set data.max_response_length <= 128" in message
+    assert (
+        "max_position_embeddings" in message
+        and "= 128" in message
+        and "Fix: set data.max_response_length <= 128" in message
+    )
 
 
 def test_prompt_plus_response_above_the_context_is_rejected(model):
@@ -114,16 +122,20 @@ def test_the_reliability_blocks_are_not_backend_names(model):
 
 def test_a_missing_optional_dependency_names_the_install_command(model):
     """arctic needs arctic-platform: without it validation fails with the pip command."""
+    overrides = [o for o in BASE if not o.startswith("trainer.remote_backend")] + [
+        "trainer.remote_backend=arctic",
+        f"actor_rollout_ref.model.path={model}",
+    ]
     code = f"""
 import sys
-sys.path.insert(0, {str(REPO_ROOT / 'tests')!r})
+sys.path.insert(0, {str(REPO_ROOT / "tests")!r})
 sys.modules["arctic_platform"] = None  # as if arctic-platform were not installed
 import ray
 from remote_e2e import compose
 from verl.remote_backend import BackendImportError
 from verl.remote_backend.main_ppo import run
 try:
-    run(compose({[o for o in BASE if not o.startswith('trainer.remote_backend')] + ['trainer.remote_backend=arctic', f'actor_rollout_ref.model.path={model}']!r}))
+    run(compose({overrides!r}))
 except BackendImportError as exc:
     assert not ray.is_initialized()
     print("ERROR:", exc)
@@ -137,7 +149,10 @@ except BackendImportError as exc:
 def _save(root, step, files=None):
     """A complete checkpoint in the local backend's format (manifest + checksums) and verl's tracker."""
     actor = os.path.join(root, f"global_step_{step}", "actor")
-    writers = {name: (lambda data: lambda f: open(f, "wb").write(data))(data) for name, data in (files or {"model.safetensors": b"w" * 64}).items()}
+    writers = {
+        name: (lambda data: lambda f: open(f, "wb").write(data))(data)
+        for name, data in (files or {"model.safetensors": b"w" * 64}).items()
+    }
     write_checkpoint_dir(actor, step, writers)
     torch.save({"dataloader": step}, os.path.join(root, f"global_step_{step}", "data.pt"))  # verl's dataloader state
     with open(os.path.join(root, "latest_checkpointed_iteration.txt"), "w") as fh:

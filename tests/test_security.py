@@ -16,8 +16,9 @@ import re
 from pathlib import Path
 
 import pytest
-
 from remote_e2e import REPO_ROOT
+
+TEST_TIER = "integration"  # starts Ray, a server, an engine or a model (tiers: tests/conftest.py)
 
 OUR_CODE = [
     REPO_ROOT / "verl" / "remote_backend",
@@ -93,11 +94,11 @@ def _torch_save_bytes(tmp_path: Path, obj) -> bytes:
 
 def test_a_checkpoint_with_a_pickled_payload_is_refused(tiny_model_dir, tmp_path):
     """A tampered optimizer.pt (with a matching manifest) must not execute on load."""
-    from verl.workers.remote_client.local.checkpoint import CheckpointError, MANIFEST, _sha256
+    import json
+
+    from verl.workers.remote_client.local.checkpoint import MANIFEST, CheckpointError, _sha256
     from verl.workers.remote_client.local.config import EngineSettings
     from verl.workers.remote_client.local.engine import LocalEngine
-
-    import json
 
     engine = LocalEngine(EngineSettings(model_path=tiny_model_dir))
     ckpt = engine.save_checkpoint(str(tmp_path / "global_step_1" / "actor"), 1)

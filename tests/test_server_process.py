@@ -35,8 +35,9 @@ def _worker_pid(path: str) -> int:
 
 def test_stop_ends_workers_that_ignore_sigterm_and_keeps_the_log(tmp_path):
     pid_file = str(tmp_path / "worker.pid")
-    server = ServerProcess.start(["bash", "-c", SCRIPT, "bash", pid_file], log_path=str(tmp_path / "logs" / "s.log"),
-                                 address="127.0.0.1:0")
+    server = ServerProcess.start(
+        ["bash", "-c", SCRIPT, "bash", pid_file], log_path=str(tmp_path / "logs" / "s.log"), address="127.0.0.1:0"
+    )
     worker = _worker_pid(pid_file)
     assert server.alive() and _running(worker)
     server.stop(timeout_s=2)

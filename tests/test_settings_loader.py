@@ -82,7 +82,9 @@ def test_one_error_hierarchy():
 
     assert issubclass(ConfigError, ValueError)
     assert issubclass(ArcticBackendError, BackendError)
-    assert issubclass(ArcticUnreachableError, BackendTransportError) and issubclass(ArcticUnreachableError, ConnectionError)
+    assert issubclass(ArcticUnreachableError, BackendTransportError) and issubclass(
+        ArcticUnreachableError, ConnectionError
+    )
     assert issubclass(ArcticResponseError, BackendOutputError)
     err = pickle.loads(pickle.dumps(ArcticServerError("rejected", status=503, detail="busy")))  # crosses Ray
     assert (type(err), str(err), err.status, err.detail) == (ArcticServerError, "rejected", 503, "busy")
@@ -112,8 +114,12 @@ def test_the_checkpoint_core_asks_the_backend_about_its_own_files(tmp_path):
 def test_each_validation_rule_stands_alone():
     from verl.remote_backend.launch import validation
 
-    cfg = OmegaConf.create({"trainer": {"default_hdfs_dir": "hdfs://x", "device": "cpu", "n_gpus_per_node": 2, "nnodes": 1}})
-    with pytest.raises(ConfigError, match=r"^trainer.default_hdfs_dir='hdfs://x': .*Fix: set trainer.default_hdfs_dir=null"):
+    cfg = OmegaConf.create(
+        {"trainer": {"default_hdfs_dir": "hdfs://x", "device": "cpu", "n_gpus_per_node": 2, "nnodes": 1}}
+    )
+    with pytest.raises(
+        ConfigError, match=r"^trainer.default_hdfs_dir='hdfs://x': .*Fix: set trainer.default_hdfs_dir=null"
+    ):
         validation.check_no_hdfs(cfg)
     validation.check_forwarder_count(cfg)
     with pytest.raises(ConfigError, match=r"^trainer.remote_backend='retry': .*not a backend"):

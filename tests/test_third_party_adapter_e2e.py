@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from remote_e2e import REQUIRED_STEP_METRICS
 
 pytestmark = pytest.mark.slow

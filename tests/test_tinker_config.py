@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from local_backend_helpers import dense_rollout_batch, to_no_padding
 from remote_e2e import compose, small_ci_overrides
-from verl.workers.remote_client.tinker import batch as tb
+
 from verl.remote_backend.errors import ConfigError
+from verl.workers.remote_client.tinker import batch as tb
 from verl.workers.remote_client.tinker.config import adam_params, check_config, load_tinker_config
 
 OK = [
@@ -41,7 +41,10 @@ def test_supported_settings_pass():
         ("actor_rollout_ref.actor.grad_clip=1.0", ["grad_clip=1.0", "does not clip"]),
         ("actor_rollout_ref.rollout.temperature=0.7", ["temperature=0.7", "supported: 1.0"]),
         ("actor_rollout_ref.actor.policy_loss.loss_mode=gspo", ["loss_mode='gspo'", "supported: vanilla"]),
-        ("actor_rollout_ref.actor.optim.lr_warmup_steps=5", ["lr_warmup_steps", "5 warm-up steps", "supported: constant / no warm-up"]),
+        (
+            "actor_rollout_ref.actor.optim.lr_warmup_steps=5",
+            ["lr_warmup_steps", "5 warm-up steps", "supported: constant / no warm-up"],
+        ),
         ("remote_backend.tinker.loss_fn=cispo", ["loss_fn='cispo'", "ppo"]),
         ("+remote_backend.tinker.nonsense=1", ["remote_backend.tinker.nonsense", "unknown key"]),
     ],
@@ -60,7 +63,13 @@ def test_importance_sampling_refused_off_policy():
 
 def test_adam_params_from_verl_optim():
     c = cfg("actor_rollout_ref.actor.optim.lr=0.003", "actor_rollout_ref.actor.optim.weight_decay=0.1")
-    assert adam_params(c.actor_rollout_ref.actor) == {"learning_rate": 0.003, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.1}
+    assert adam_params(c.actor_rollout_ref.actor) == {
+        "learning_rate": 0.003,
+        "beta1": 0.9,
+        "beta2": 0.999,
+        "eps": 1e-8,
+        "weight_decay": 0.1,
+    }
     assert load_tinker_config(c).base_url == "http://127.0.0.1:8000"
 
 
@@ -71,7 +80,11 @@ def test_rows_put_response_fields_on_predict_next_slots():
     rows = tb.rows_of(to_no_padding(dense), with_update_fields=True)
     assert rows[0].tokens == [5, 6, 7, 9, 10] and rows[1].tokens == [8, 11, 12, 13]
     # slot j predicts token j+1: response token k sits at slot prompt_len + k - 1
-    assert rows[0].weights == [0, 0, 1, 1] and rows[0].advantages == [0, 0, 1, 2] and rows[0].old_log_probs == [0, 0, -1, -2]
+    assert (
+        rows[0].weights == [0, 0, 1, 1]
+        and rows[0].advantages == [0, 0, 1, 2]
+        and rows[0].old_log_probs == [0, 0, -1, -2]
+    )
     assert rows[1].weights == [1, 1, 1] and rows[1].advantages == [3, 4, 5]
     packed = tb.packed_from_slots(rows, [[0.1, 0.2, 0.3, 0.4], [0.5, 0.6, 0.7]])
     assert packed.tolist() == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.0, 0.5, 0.6, 0.7, 0.0])

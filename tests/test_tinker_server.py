@@ -73,7 +73,9 @@ def tinker_overrides(srv: TinkerServer) -> list[str]:
 
 
 def backend_config(srv: TinkerServer, tmp: Path, *extra: str):
-    ov = small_ci_overrides(model=srv.model, train="unused", test="unused", ckpt_dir=tmp / "ckpt", steps=1, backend="tinker")
+    ov = small_ci_overrides(
+        model=srv.model, train="unused", test="unused", ckpt_dir=tmp / "ckpt", steps=1, backend="tinker"
+    )
     return compose(ov + tinker_overrides(srv) + ["actor_rollout_ref.actor.optim.lr=0.02", *extra])
 
 
@@ -92,19 +94,29 @@ def test_compute_log_prob_equals_server_compute_logprobs(server, tmp_path):
     try:
         prompts, responses, dense = batch(4, seed=1)
         td = to_no_padding(dense)
-        actor = run(backend.compute_log_prob(td, ref=False, calculate_entropy=True, rollout_n=1, temperature=1.0, pad_token_id=0))
-        ref = run(backend.compute_log_prob(td, ref=True, calculate_entropy=False, rollout_n=1, temperature=1.0, pad_token_id=0))
+        actor = run(
+            backend.compute_log_prob(
+                td, ref=False, calculate_entropy=True, rollout_n=1, temperature=1.0, pad_token_id=0
+            )
+        )
+        ref = run(
+            backend.compute_log_prob(
+                td, ref=True, calculate_entropy=False, rollout_n=1, temperature=1.0, pad_token_id=0
+            )
+        )
         packed = actor.log_probs
         assert packed.shape == (td["input_ids"].values().numel(),)
         # the server's own answer, through the SDK, on each row's tokens (one value per token after the first)
         import tinker
         from tinker import types
 
-        sampler = tinker.ServiceClient(base_url=server.base_url, api_key=API_KEY).create_sampling_client(base_model=server.model)
+        sampler = tinker.ServiceClient(base_url=server.base_url, api_key=API_KEY).create_sampling_client(
+            base_model=server.model
+        )
         offsets = td["input_ids"].offsets().tolist()
         for i, (p, r) in enumerate(zip(prompts, responses)):
             want = sampler.compute_logprobs(types.ModelInput.from_ints(p + r)).result()
-            want = torch.tensor([float(x) for x in want[-(len(p) + r.__len__() - 1):]])
+            want = torch.tensor([float(x) for x in want[-(len(p) + r.__len__() - 1) :]])
             row = packed[offsets[i] : offsets[i + 1]]
             # LoRA starts at B=0: actor == base model; slot t = log p(token t+1 | <= t), last slot 0
             torch.testing.assert_close(row[:-1], want, rtol=0, atol=1e-4)
@@ -149,15 +161,25 @@ def test_update_actor_matches_verl_objective(server, tmp_path, mode):
 
     from verl.remote_backend.registry import RemoteBackendRegistry
 
-    cfg = backend_config(server, tmp_path, f"actor_rollout_ref.actor.loss_agg_mode={mode}",
-                         "actor_rollout_ref.actor.ppo_mini_batch_size=6", "data.train_batch_size=6",
-                         "actor_rollout_ref.actor.optim.lr=0.001", "actor_rollout_ref.actor.optim.weight_decay=0")
+    cfg = backend_config(
+        server,
+        tmp_path,
+        f"actor_rollout_ref.actor.loss_agg_mode={mode}",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=6",
+        "data.train_batch_size=6",
+        "actor_rollout_ref.actor.optim.lr=0.001",
+        "actor_rollout_ref.actor.optim.weight_decay=0",
+    )
     actor_cfg = OmegaConf.create(OmegaConf.to_container(cfg.actor_rollout_ref.actor, resolve=True))
     backend = RemoteBackendRegistry.get("tinker").from_config(cfg)
     try:
         prompts, responses, dense = batch(6, seed=7)
         td = to_no_padding(dense)
-        lp0 = run(backend.compute_log_prob(td, ref=False, calculate_entropy=False, rollout_n=1, temperature=1.0, pad_token_id=0))
+        lp0 = run(
+            backend.compute_log_prob(
+                td, ref=False, calculate_entropy=False, rollout_n=1, temperature=1.0, pad_token_id=0
+            )
+        )
         new0 = _padded(lp0.log_probs, dense, td)
         mask = dense["response_mask"].float()
         g = torch.Generator().manual_seed(3)
@@ -174,7 +196,11 @@ def test_update_actor_matches_verl_objective(server, tmp_path, mode):
         assert out.metrics["grad_norm"][0] > 0 and math.isfinite(out.metrics["grad_norm"][0])
         assert out.global_token_num == [len(p) + len(r) for p, r in zip(prompts, responses)]
         # gradient direction: the server's step lowers verl's objective on the same batch
-        lp1 = run(backend.compute_log_prob(td, ref=False, calculate_entropy=False, rollout_n=1, temperature=1.0, pad_token_id=0))
+        lp1 = run(
+            backend.compute_log_prob(
+                td, ref=False, calculate_entropy=False, rollout_n=1, temperature=1.0, pad_token_id=0
+            )
+        )
         after = _verl_objective(actor_cfg, old, _padded(lp1.log_probs, dense, td), adv, mask, mode)
         assert after < want, (mode, want, after)
     finally:
@@ -187,14 +213,24 @@ def test_negated_advantages_raise_verl_objective(server, tmp_path):
 
     from verl.remote_backend.registry import RemoteBackendRegistry
 
-    cfg = backend_config(server, tmp_path, "actor_rollout_ref.actor.optim.lr=0.001", "actor_rollout_ref.actor.optim.weight_decay=0",
-                         "actor_rollout_ref.actor.ppo_mini_batch_size=4", "data.train_batch_size=4")
+    cfg = backend_config(
+        server,
+        tmp_path,
+        "actor_rollout_ref.actor.optim.lr=0.001",
+        "actor_rollout_ref.actor.optim.weight_decay=0",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "data.train_batch_size=4",
+    )
     actor_cfg = OmegaConf.create(OmegaConf.to_container(cfg.actor_rollout_ref.actor, resolve=True))
     backend = RemoteBackendRegistry.get("tinker").from_config(cfg)
     try:
         _, _, dense = batch(4, seed=11)
         td = to_no_padding(dense)
-        lp0 = run(backend.compute_log_prob(td, ref=False, calculate_entropy=False, rollout_n=1, temperature=1.0, pad_token_id=0))
+        lp0 = run(
+            backend.compute_log_prob(
+                td, ref=False, calculate_entropy=False, rollout_n=1, temperature=1.0, pad_token_id=0
+            )
+        )
         new0 = _padded(lp0.log_probs, dense, td)
         mask = dense["response_mask"].float()
         adv = torch.tensor([[1.0], [-1.0], [0.5], [-0.5]]) * mask
@@ -202,7 +238,11 @@ def test_negated_advantages_raise_verl_objective(server, tmp_path):
         dense_u["advantages"], dense_u["old_log_probs"] = -adv, new0 * mask
         tdu = to_no_padding(dense_u, mini_batch_size=4, epochs=1, seed=0, dataloader_kwargs={"shuffle": False})
         run(backend.update_actor(tdu, actor_config=actor_cfg, pad_token_id=0, rollout_n=1, temperature=1.0))
-        lp1 = run(backend.compute_log_prob(td, ref=False, calculate_entropy=False, rollout_n=1, temperature=1.0, pad_token_id=0))
+        lp1 = run(
+            backend.compute_log_prob(
+                td, ref=False, calculate_entropy=False, rollout_n=1, temperature=1.0, pad_token_id=0
+            )
+        )
         before = _verl_objective(actor_cfg, new0 * mask, new0, adv, mask, "token-mean")
         after = _verl_objective(actor_cfg, new0 * mask, _padded(lp1.log_probs, dense, td), adv, mask, "token-mean")
         assert after > before
@@ -221,8 +261,14 @@ def test_shuffled_epochs_follow_verls_make_iterator_order(server, tmp_path):
     from verl.utils import tensordict_utils as tu
 
     n, mini, epochs, seed = 8, 4, 2, 5
-    cfg = backend_config(server, tmp_path, "actor_rollout_ref.actor.ppo_mini_batch_size=4", "data.train_batch_size=8",
-                         "actor_rollout_ref.actor.optim.lr=0.002", "actor_rollout_ref.actor.optim.weight_decay=0")
+    cfg = backend_config(
+        server,
+        tmp_path,
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "data.train_batch_size=8",
+        "actor_rollout_ref.actor.optim.lr=0.002",
+        "actor_rollout_ref.actor.optim.weight_decay=0",
+    )
     actor_cfg = OmegaConf.create(OmegaConf.to_container(cfg.actor_rollout_ref.actor, resolve=True))
     _, _, dense = batch(n, seed=13)
     rows = tu.get_tensordict({"row": torch.arange(n)})
@@ -233,27 +279,47 @@ def test_shuffled_epochs_follow_verls_make_iterator_order(server, tmp_path):
     shuffled, ordered = cls.from_config(cfg), cls.from_config(cfg)
     try:
         td = to_no_padding(dense)
-        lp0 = run(shuffled.compute_log_prob(td, ref=False, calculate_entropy=False, rollout_n=1, temperature=1.0, pad_token_id=0))
+        lp0 = run(
+            shuffled.compute_log_prob(
+                td, ref=False, calculate_entropy=False, rollout_n=1, temperature=1.0, pad_token_id=0
+            )
+        )
         new0 = _padded(lp0.log_probs, dense, td)
         mask = dense["response_mask"].float()
         g = torch.Generator().manual_seed(4)
         dense["advantages"] = torch.randn(n, 1, generator=g) * mask
         dense["old_log_probs"] = (new0 + (torch.rand(new0.shape, generator=g) - 0.5) * 0.4) * mask
-        out = run(shuffled.update_actor(to_no_padding(dense, mini_batch_size=mini, epochs=epochs, seed=seed,
-                                                      dataloader_kwargs={"shuffle": True}),
-                                        actor_config=actor_cfg, pad_token_id=0, rollout_n=1, temperature=1.0))  # fmt: skip
+        out = run(
+            shuffled.update_actor(
+                to_no_padding(
+                    dense, mini_batch_size=mini, epochs=epochs, seed=seed, dataloader_kwargs={"shuffle": True}
+                ),
+                actor_config=actor_cfg,
+                pad_token_id=0,
+                rollout_n=1,
+                temperature=1.0,
+            )
+        )
         want = []
         for rows_of_step in order:
-            part = to_no_padding(dense[rows_of_step], mini_batch_size=mini, epochs=1, seed=0, dataloader_kwargs={"shuffle": False})
-            want.append(run(ordered.update_actor(part, actor_config=actor_cfg, pad_token_id=0, rollout_n=1, temperature=1.0)))
+            part = to_no_padding(
+                dense[rows_of_step], mini_batch_size=mini, epochs=1, seed=0, dataloader_kwargs={"shuffle": False}
+            )
+            want.append(
+                run(ordered.update_actor(part, actor_config=actor_cfg, pad_token_id=0, rollout_n=1, temperature=1.0))
+            )
         first = order[0]
         verl_first = _verl_objective(actor_cfg, dense["old_log_probs"][first], new0[first], dense["advantages"][first],
                                      mask[first], "token-mean")  # fmt: skip
         assert out.metrics["pg_loss"][0] == pytest.approx(verl_first, rel=1e-4, abs=1e-6)
         assert out.metrics["pg_loss"] == pytest.approx([w.loss for w in want], rel=1e-4, abs=1e-6)
         assert out.metrics["grad_norm"] == pytest.approx([w.metrics["grad_norm"][0] for w in want], rel=1e-4)
-        after = [run(b.compute_log_prob(td, ref=False, calculate_entropy=False, rollout_n=1, temperature=1.0, pad_token_id=0))
-                 for b in (shuffled, ordered)]  # fmt: skip
+        after = [
+            run(
+                b.compute_log_prob(td, ref=False, calculate_entropy=False, rollout_n=1, temperature=1.0, pad_token_id=0)
+            )
+            for b in (shuffled, ordered)
+        ]
         assert (after[0].log_probs - lp0.log_probs).abs().max() > 1e-3  # it trained
         torch.testing.assert_close(after[0].log_probs, after[1].log_probs, rtol=0, atol=1e-5)
     finally:
@@ -281,7 +347,11 @@ def test_generate_follows_update_weights_through_a_handle(server, tmp_path):
         assert not (set(out.token_ids[:-1]) & eos)
         # the owner's first training-client request (seq 1 of its numbering) ...
         probe = to_no_padding(batch(2, seed=2)[2])
-        lp_owner = run(owner.compute_log_prob(probe, ref=False, calculate_entropy=False, rollout_n=1, temperature=1.0, pad_token_id=0))
+        lp_owner = run(
+            owner.compute_log_prob(
+                probe, ref=False, calculate_entropy=False, rollout_n=1, temperature=1.0, pad_token_id=0
+            )
+        )
         # ... does not answer a re-attached client's first request (its own seq 1 before the fix: the owner's old result
         # or a 409); train the actor hard towards one token, publish, and the re-attached sampler follows after wake_up
         forwarder = cls.from_config(cfg, handle=handle)
@@ -293,8 +363,14 @@ def test_generate_follows_update_weights_through_a_handle(server, tmp_path):
         assert after.token_ids[0] == target, after
         asyncio.run(rollout.destroy())  # re-attached: must not unload the owner's model
         # owner and re-attached client read the same trained weights: equal to each other, moved from before
-        again = [run(b.compute_log_prob(probe, ref=False, calculate_entropy=False, rollout_n=1, temperature=1.0, pad_token_id=0))
-                 for b in (forwarder, owner)]
+        again = [
+            run(
+                b.compute_log_prob(
+                    probe, ref=False, calculate_entropy=False, rollout_n=1, temperature=1.0, pad_token_id=0
+                )
+            )
+            for b in (forwarder, owner)
+        ]
         torch.testing.assert_close(again[0].log_probs, again[1].log_probs, rtol=0, atol=1e-6)
         assert (again[1].log_probs - lp_owner.log_probs).abs().max() > 1e-3
         asyncio.run(forwarder.destroy())
@@ -315,8 +391,14 @@ async def _train_towards(backend, cfg, target: int) -> None:
     dense["old_log_probs"] = torch.zeros_like(mask)
     td = to_no_padding(dense, mini_batch_size=2, epochs=1, seed=0, dataloader_kwargs={"shuffle": False})
     for _ in range(8):
-        lp = await backend.compute_log_prob(to_no_padding(dense_rollout_batch([prompt, prompt], [[target, target], [7, 8]])),
-                                            ref=False, calculate_entropy=False, rollout_n=1, temperature=1.0, pad_token_id=0)
+        lp = await backend.compute_log_prob(
+            to_no_padding(dense_rollout_batch([prompt, prompt], [[target, target], [7, 8]])),
+            ref=False,
+            calculate_entropy=False,
+            rollout_n=1,
+            temperature=1.0,
+            pad_token_id=0,
+        )
         dense["old_log_probs"] = _padded(lp.log_probs, dense, td) * mask
         td = to_no_padding(dense, mini_batch_size=2, epochs=1, seed=0, dataloader_kwargs={"shuffle": False})
         await backend.update_actor(td, actor_config=actor_cfg, pad_token_id=0, rollout_n=1, temperature=1.0)
@@ -334,7 +416,9 @@ async def _train_towards(backend, cfg, target: int) -> None:
 def test_entry_point_refuses_before_ray(server, tmp_path, override, needle):
     """Through the real entry point (the full matrix of refusals is in test_tinker_config.py)."""
     train, test = build_gsm8k(tmp_path / "data", max_train=8, max_test=4)
-    ov = small_ci_overrides(model=server.model, train=train, test=test, ckpt_dir=tmp_path / "ckpt", steps=1, backend="tinker")
+    ov = small_ci_overrides(
+        model=server.model, train=train, test=test, ckpt_dir=tmp_path / "ckpt", steps=1, backend="tinker"
+    )
     start = time.monotonic()
     res = run_entry(ov + tinker_overrides(server) + [override], workdir=tmp_path / "run", timeout_s=120)
     assert res.returncode != 0
@@ -353,35 +437,67 @@ def test_the_conformance_kit_passes_for_tinker(server, tmp_path):
 
     from verl.remote_backend.testing.conformance import CHECKS
 
-    args = ["--backend", "tinker", f"actor_rollout_ref.model.path={server.model}",
-            f"trainer.default_local_dir={tmp_path / 'ckpt'}", *tinker_overrides(server)]
-    proc = subprocess.run([sys.executable, "-m", "verl.remote_backend.testing", *args], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=900)
+    args = [
+        "--backend",
+        "tinker",
+        f"actor_rollout_ref.model.path={server.model}",
+        f"trainer.default_local_dir={tmp_path / 'ckpt'}",
+        *tinker_overrides(server),
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "verl.remote_backend.testing", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
-    statuses = {p[1]: p[0] for p in (line.split() for line in proc.stdout.splitlines()) if len(p) >= 2 and p[1] in CHECKS}
+    statuses = {
+        p[1]: p[0] for p in (line.split() for line in proc.stdout.splitlines()) if len(p) >= 2 and p[1] in CHECKS
+    }
     assert statuses == {check: "PASS" for check in CHECKS}, proc.stdout[-4000:]
 
 
 # --------------------------------------------------------------------------- end to end
 def _gsm8k_overrides(server, tmp_path, ckpt, *, steps, save_freq=-1):
     train, test = build_gsm8k(tmp_path / "data")
-    return small_ci_overrides(model=server.model, train=train, test=test, ckpt_dir=ckpt, steps=steps, backend="tinker",
-                              save_freq=save_freq) + tinker_overrides(server) + [
-        "actor_rollout_ref.actor.optim.lr=0.01",
-        # dense reward that varies within a GRPO group, so updates have a gradient
-        f"reward.custom_reward_function.path={REPO_ROOT / 'tests' / 'toy_reward.py'}",
-        "reward.custom_reward_function.name=digit_share",
-    ]
+    return (
+        small_ci_overrides(
+            model=server.model,
+            train=train,
+            test=test,
+            ckpt_dir=ckpt,
+            steps=steps,
+            backend="tinker",
+            save_freq=save_freq,
+        )
+        + tinker_overrides(server)
+        + [
+            "actor_rollout_ref.actor.optim.lr=0.01",
+            # dense reward that varies within a GRPO group, so updates have a gradient
+            f"reward.custom_reward_function.path={REPO_ROOT / 'tests' / 'toy_reward.py'}",
+            "reward.custom_reward_function.name=digit_share",
+        ]
+    )
 
 
-STEP_METRICS = ("actor/pg_loss", "actor/grad_norm", "perf/mfu/actor", "critic/score/mean", "response_length/mean",
-                "timing_s/gen", "timing_s/update_actor")
+STEP_METRICS = (
+    "actor/pg_loss",
+    "actor/grad_norm",
+    "perf/mfu/actor",
+    "critic/score/mean",
+    "response_length/mean",
+    "timing_s/gen",
+    "timing_s/update_actor",
+)
 
 
 def test_grpo_on_gsm8k_end_to_end_then_resume(server, tmp_path):
     ckpt = tmp_path / "ckpt"
     log_start = server.log_path.stat().st_size
-    first = run_entry(_gsm8k_overrides(server, tmp_path, ckpt, steps=2, save_freq=2), workdir=tmp_path / "run1", timeout_s=900)
+    first = run_entry(
+        _gsm8k_overrides(server, tmp_path, ckpt, steps=2, save_freq=2), workdir=tmp_path / "run1", timeout_s=900
+    )
     assert first.returncode == 0, first.tail()
     with open(server.log_path, "rb") as fh:
         fh.seek(log_start)
@@ -411,7 +527,9 @@ def test_server_killed_mid_run_fails_clearly(server, tmp_path):
     victim = TinkerServer(server.venv, server.model, tmp_path / "victim").start()
     try:
         ov = _gsm8k_overrides(server, tmp_path, tmp_path / "ckpt", steps=3)
-        ov = [o for o in ov if not o.startswith("remote_backend.tinker.base_url")] + [f"remote_backend.tinker.base_url={victim.base_url}"]
+        ov = [o for o in ov if not o.startswith("remote_backend.tinker.base_url")] + [
+            f"remote_backend.tinker.base_url={victim.base_url}"
+        ]
         killed_at: dict = {}
 
         def killer() -> None:

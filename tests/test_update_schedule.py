@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verl.remote_backend.transport.batch_ref import BatchRef, batch_field
 from verl.remote_backend.errors import ConfigError
+from verl.remote_backend.transport.batch_ref import BatchRef, batch_field
 from verl.remote_backend.update_schedule import UpdateSchedule, optimizer_step_rows, read_update_schedule
 from verl.utils import tensordict_utils as tu
 
@@ -37,7 +37,9 @@ def _actor(**overrides):
 
 # --------------------------------------------------------------------------- order
 @pytest.mark.parametrize("shuffle", [False, True])
-@pytest.mark.parametrize("batch_size, mini, epochs, seed", [(8, 2, 1, 3), (8, 4, 3, 3), (12, 3, 2, 0), (6, 6, 2, 42), (16, 4, 4, 1234)])
+@pytest.mark.parametrize(
+    "batch_size, mini, epochs, seed", [(8, 2, 1, 3), (8, 4, 3, 3), (12, 3, 2, 0), (6, 6, 2, 42), (16, 4, 4, 1234)]
+)
 def test_step_rows_are_verls_make_iterator_order(shuffle, batch_size, mini, epochs, seed):
     ours = optimizer_step_rows(UpdateSchedule(mini, epochs, seed, shuffle), batch_size)
     assert all(r.dtype == torch.int64 and r.shape == (mini,) for r in ours)
@@ -106,10 +108,21 @@ def test_dataloader_kwargs_without_shuffle_do_not_shuffle_as_in_verl():
 
 def test_a_batch_ref_reads_as_its_batch():
     data = _batch(8, num_mini_batch=2, epochs=2, seed=9, dataloader_kwargs={"shuffle": True}, temperature=0.7)
-    ref = BatchRef(ref=None, offsets=torch.arange(9), non_tensor={"num_mini_batch": 2, "epochs": 2, "seed": 9,
-                                                                   "dataloader_kwargs": {"shuffle": True}, "temperature": 0.7})  # fmt: skip
+    ref = BatchRef(
+        ref=None,
+        offsets=torch.arange(9),
+        non_tensor={
+            "num_mini_batch": 2,
+            "epochs": 2,
+            "seed": 9,
+            "dataloader_kwargs": {"shuffle": True},
+            "temperature": 0.7,
+        },
+    )
     actor = _actor()
-    assert read_update_schedule(ref, actor_config=actor, rollout_n=2) == read_update_schedule(data, actor_config=actor, rollout_n=2)
+    assert read_update_schedule(ref, actor_config=actor, rollout_n=2) == read_update_schedule(
+        data, actor_config=actor, rollout_n=2
+    )
     assert batch_field(ref, "temperature") == batch_field(data, "temperature") == 0.7
     assert batch_field(data, "absent", "default") == batch_field(ref, "absent", "default") == "default"
 
@@ -117,7 +130,10 @@ def test_a_batch_ref_reads_as_its_batch():
 # --------------------------------------------------------------------------- refusals
 def test_a_batch_that_does_not_split_is_refused_naming_the_setting_and_the_fix():
     schedule = read_update_schedule(_batch(6), actor_config=_actor(ppo_mini_batch_size=2), rollout_n=2)
-    with pytest.raises(ConfigError, match=r"ppo_mini_batch_size x actor_rollout_ref\.rollout\.n=4.*6 samples.*Fix: make data\.train_batch_size"):
+    with pytest.raises(
+        ConfigError,
+        match=r"ppo_mini_batch_size x actor_rollout_ref\.rollout\.n=4.*6 samples.*Fix: make data\.train_batch_size",
+    ):
         optimizer_step_rows(schedule, 6)
     with pytest.raises(ConfigError, match=r"num_mini_batch=4.*Fix:"):
         read_update_schedule(_batch(6, num_mini_batch=4), actor_config=_actor(), rollout_n=2)

@@ -50,8 +50,12 @@ def _local(cfg) -> dict:
     schedule = s.lr_schedule
     return {
         "grad_clip": s.grad_clip,
-        "schedule": (schedule.style, schedule.warmup_steps, schedule.total_steps if schedule.style == "cosine" else None,
-                     schedule.min_lr_ratio if schedule.style == "cosine" else None),
+        "schedule": (
+            schedule.style,
+            schedule.warmup_steps,
+            schedule.total_steps if schedule.style == "cosine" else None,
+            schedule.min_lr_ratio if schedule.style == "cosine" else None,
+        ),
         "need_ref": s.need_ref,
         "model_path": s.model_path,
     }
@@ -87,31 +91,63 @@ CASES = {
     "legacy actor.grad_clip": ({"actor_rollout_ref.actor.grad_clip": 0.5}, 0.5, ("constant", 0, None, None), False),
     "optim.clip_grad": ({f"{OPTIM}.clip_grad": 0.3}, 0.3, ("constant", 0, None, None), False),
     "deprecated optim.grad_clip wins over clip_grad": (
-        {f"{OPTIM}.grad_clip": 0.7, f"{OPTIM}.clip_grad": 1.0}, 0.7, ("constant", 0, None, None), False,
+        {f"{OPTIM}.grad_clip": 0.7, f"{OPTIM}.clip_grad": 1.0},
+        0.7,
+        ("constant", 0, None, None),
+        False,
     ),
     "same value under both keys": (
-        {"actor_rollout_ref.actor.grad_clip": 2.0, f"{OPTIM}.clip_grad": 2.0}, 2.0, ("constant", 0, None, None), False,
+        {"actor_rollout_ref.actor.grad_clip": 2.0, f"{OPTIM}.clip_grad": 2.0},
+        2.0,
+        ("constant", 0, None, None),
+        False,
     ),
     "warm-up steps, constant": (
-        {f"{OPTIM}.lr_warmup_steps": 3, "trainer.total_training_steps": 10}, 1.0, ("constant", 3, None, None), False,
+        {f"{OPTIM}.lr_warmup_steps": 3, "trainer.total_training_steps": 10},
+        1.0,
+        ("constant", 3, None, None),
+        False,
     ),
     "warm-up ratio of trainer.total_training_steps": (
-        {f"{OPTIM}.lr_warmup_steps_ratio": 0.25, "trainer.total_training_steps": 8}, 1.0, ("constant", 2, None, None), False,
+        {f"{OPTIM}.lr_warmup_steps_ratio": 0.25, "trainer.total_training_steps": 8},
+        1.0,
+        ("constant", 2, None, None),
+        False,
     ),
     "warm-up steps win over the ratio": (
         {f"{OPTIM}.lr_warmup_steps": 1, f"{OPTIM}.lr_warmup_steps_ratio": 0.5, "trainer.total_training_steps": 8},
-        1.0, ("constant", 1, None, None), False,
+        1.0,
+        ("constant", 1, None, None),
+        False,
     ),
     "cosine with a floor, optim horizon wins over trainer's": (
-        {f"{OPTIM}.lr_scheduler_type": "cosine", f"{OPTIM}.min_lr_ratio": 0.1, f"{OPTIM}.lr_warmup_steps": 2,
-         f"{OPTIM}.total_training_steps": 12, "trainer.total_training_steps": 99},
-        1.0, ("cosine", 2, 12, 0.1), False,
+        {
+            f"{OPTIM}.lr_scheduler_type": "cosine",
+            f"{OPTIM}.min_lr_ratio": 0.1,
+            f"{OPTIM}.lr_warmup_steps": 2,
+            f"{OPTIM}.total_training_steps": 12,
+            "trainer.total_training_steps": 99,
+        },
+        1.0,
+        ("cosine", 2, 12, 0.1),
+        False,
     ),
     "deprecated warmup_style wins over lr_scheduler_type": (
-        {f"{OPTIM}.warmup_style": "cosine", f"{OPTIM}.lr_scheduler_type": "constant", "trainer.total_training_steps": 6},
-        1.0, ("cosine", 0, 6, 0.0), False,
+        {
+            f"{OPTIM}.warmup_style": "cosine",
+            f"{OPTIM}.lr_scheduler_type": "constant",
+            "trainer.total_training_steps": 6,
+        },
+        1.0,
+        ("cosine", 0, 6, 0.0),
+        False,
     ),
-    "KL loss needs a reference": ({"actor_rollout_ref.actor.use_kl_loss": True}, 1.0, ("constant", 0, None, None), True),
+    "KL loss needs a reference": (
+        {"actor_rollout_ref.actor.use_kl_loss": True},
+        1.0,
+        ("constant", 0, None, None),
+        True,
+    ),
     "KL in reward needs a reference": ({"algorithm.use_kl_in_reward": True}, 1.0, ("constant", 0, None, None), True),
 }
 
@@ -135,12 +171,17 @@ def test_a_local_model_path_reaches_both_backends_absolute(model_dir, monkeypatc
 @pytest.mark.parametrize(
     "overrides, match",
     [
-        ({"actor_rollout_ref.actor.grad_clip": 0.5, f"{OPTIM}.clip_grad": 2.0}, "grad_clip=0.5 and .*clip_grad=2.0 disagree"),
+        (
+            {"actor_rollout_ref.actor.grad_clip": 0.5, f"{OPTIM}.clip_grad": 2.0},
+            "grad_clip=0.5 and .*clip_grad=2.0 disagree",
+        ),
         ({f"{OPTIM}.clip_grad": 0.0}, r"clip_grad=0.0: verl always clips"),
         ({f"{OPTIM}.lr_warmup_steps_ratio": 0.1}, "needs the number of training steps"),
         ({f"{OPTIM}.lr_scheduler_type": "cosine"}, "cosine needs the number of training steps"),
-        ({f"{OPTIM}.lr_scheduler_type": "cosine", f"{OPTIM}.min_lr_ratio": 1.5, "trainer.total_training_steps": 4},
-         r"min_lr_ratio=1.5: .*Fix: set it in \[0, 1\]"),
+        (
+            {f"{OPTIM}.lr_scheduler_type": "cosine", f"{OPTIM}.min_lr_ratio": 1.5, "trainer.total_training_steps": 4},
+            r"min_lr_ratio=1.5: .*Fix: set it in \[0, 1\]",
+        ),
         ({"actor_rollout_ref.model.path": None}, r"actor_rollout_ref.model.path=None: no model is set"),
     ],
 )

@@ -18,6 +18,8 @@ from tensordict.tensorclass import NonTensorData
 from verl.remote_backend.transport.wire import WireBatch, to_wire
 from verl.utils import tensordict_utils as tu
 
+TEST_TIER = "integration"  # starts Ray, a server, an engine or a model (tiers: tests/conftest.py)
+
 
 def verl_batch() -> TensorDict:
     """What the trainer sends for an update: nested input/position ids, dense rows, non-tensor fields."""

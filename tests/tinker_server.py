@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 from support.ports import free_port
+
 from verl.remote_backend.reliability.server_process import ServerProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -91,8 +92,9 @@ class TinkerServer:
         env["PATH"] = f"{self.venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
         env.pop("VIRTUAL_ENV", None)
         env["JAX_PLATFORMS"] = "cpu"
-        self.process = ServerProcess.start(self.command(), log_path=str(self.log_path), address=self.base_url,
-                                           env=env, cwd=str(self.workdir))
+        self.process = ServerProcess.start(
+            self.command(), log_path=str(self.log_path), address=self.base_url, env=env, cwd=str(self.workdir)
+        )
         start = time.monotonic()
         try:
             self._wait_ready(start + timeout_s)
@@ -108,7 +110,9 @@ class TinkerServer:
         last: Optional[BaseException] = None
         while time.monotonic() < deadline:
             if not self.process.alive():
-                raise RuntimeError(f"tinker server exited with {self.process.proc.returncode}; log {self.log_path}:\n{self.tail()}")
+                raise RuntimeError(
+                    f"tinker server exited with {self.process.proc.returncode}; log {self.log_path}:\n{self.tail()}"
+                )
             try:
                 service = tinker.ServiceClient(base_url=self.base_url, api_key=API_KEY)
                 client = service.create_lora_training_client(base_model=self.model, rank=1)

@@ -67,7 +67,7 @@ def main(log_path: str) -> int:
             if step:
                 print(short_step_line(*step), flush=True)
             elif "[remote_backend]" in line or line.startswith("[gsm8k-local]"):
-                print(line[line.find("["):] if "[remote_backend]" in line else line, flush=True)
+                print(line[line.find("[") :] if "[remote_backend]" in line else line, flush=True)
     return 0
 
 

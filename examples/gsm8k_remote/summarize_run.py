@@ -45,7 +45,7 @@ def print_samples(rollout_dir: Path, step: int, count: int = 2) -> None:
         return
     samples = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     samples.sort(key=lambda s: -float(s.get("score", 0.0)))  # the best first, then the worst
-    picked = samples[:1] + samples[-(count - 1):] if len(samples) > 1 else samples
+    picked = samples[:1] + samples[-(count - 1) :] if len(samples) > 1 else samples
     for sample in picked:
         text = " ".join(str(sample.get("output", "")).split())
         print(f"  step {step} reward {float(sample.get('score', 0.0)):.2f} (answer {sample.get('gts')}): {text[:160]}")

@@ -99,7 +99,9 @@ def check_sampling_params(params: Optional[dict], *, max_logprobs: int = DEFAULT
     if k is not None:
         k = int(k)  # vLLM takes a bool as 0 / 1 (False still returns the sampled token's log-prob)
         if k == -1:
-            raise ValueError("sampling_params.logprobs=-1 (the whole vocabulary) is not implemented by the CPU stand-in")
+            raise ValueError(
+                "sampling_params.logprobs=-1 (the whole vocabulary) is not implemented by the CPU stand-in"
+            )
         if k < 0:
             raise ValueError(f"logprobs must be non-negative or -1, got {k}.")
         if k > max_logprobs:
@@ -184,7 +186,9 @@ def token_scores(
     return out
 
 
-def _local_sampler_logprobs(logits: torch.Tensor, prompt_ids: Sequence[int], token_ids: Sequence[int], params: dict) -> list:
+def _local_sampler_logprobs(
+    logits: torch.Tensor, prompt_ids: Sequence[int], token_ids: Sequence[int], params: dict
+) -> list:
     """What the local sampler reports per token: ``log_softmax(penalized / T)`` (``T = 1`` when ``T <= 0``)."""
     t = float(1.0 if params.get("temperature") is None else params["temperature"])
     t = t if t > 0 else 1.0
@@ -293,7 +297,9 @@ class SamplerReplica:
             if tag_set == {"weights"}:
                 return {"status": "already_weights_ready"}
             if not (tag_set == {"kv_cache"} or full):
-                raise RuntimeError(f"Cannot wake up from weights_ready with tags={tags!r}; use tags=['kv_cache'] or a full wake")
+                raise RuntimeError(
+                    f"Cannot wake up from weights_ready with tags={tags!r}; use tags=['kv_cache'] or a full wake"
+                )
             self.state = READY
             return {"status": "ready"}
         if tag_set == {"kv_cache"}:
@@ -367,16 +373,22 @@ class CpuReplicaPool:
             raise ValueError(f"the CPU sampler runs tensor_parallel_size=1 only, got {model_cfg.tensor_parallel_size}")
         mode = model_cfg.logprobs_mode
         if mode not in LOGPROBS_MODES:  # vLLM's engine config refuses it when the engines start
-            raise ValueError(f"logprobs_mode={mode!r} is not a vLLM logprobs mode; it accepts {', '.join(LOGPROBS_MODES)}")
+            raise ValueError(
+                f"logprobs_mode={mode!r} is not a vLLM logprobs mode; it accepts {', '.join(LOGPROBS_MODES)}"
+            )
         cls = ray.remote(num_cpus=0)(SamplerReplica)
         self._workers = [
-            cls.options(max_concurrency=1024).remote(model_cfg.model, int(model_cfg.max_num_seqs), int(model_cfg.seed), mode)
+            cls.options(max_concurrency=1024).remote(
+                model_cfg.model, int(model_cfg.max_num_seqs), int(model_cfg.seed), mode
+            )
             for _ in range(max(1, int(num_replicas or 1)))
         ]
         await asyncio.gather(*[w.ping.remote() for w in self._workers])
         return len(self._workers)
 
-    async def generate(self, prompts: Any, sampling_params: Optional[dict] = None, strict: bool = False, **_: Any) -> list:
+    async def generate(
+        self, prompts: Any, sampling_params: Optional[dict] = None, strict: bool = False, **_: Any
+    ) -> list:
         self._require_initialized()
         if self._sleeping:
             raise RuntimeError("Model is sleeping; call /wake_up first")
@@ -395,14 +407,18 @@ class CpuReplicaPool:
         """Refuse new requests, wait for the ones in flight, then sleep every replica."""
         self._require_initialized()
         if int(level) not in (1, 2):
-            raise ValueError(f"sleep level must be 1 (free the KV cache, offload weights) or 2 (discard both), got {level}")
+            raise ValueError(
+                f"sleep level must be 1 (free the KV cache, offload weights) or 2 (discard both), got {level}"
+            )
         if self._sleeping:
             return {"status": "already_sleeping", "level": level}
         async with self._locked():
             self._paused = True
             while self._inflight:
                 await asyncio.sleep(0.01)
-            results = await asyncio.gather(*[w.sleep.remote(level=level) for w in self._workers], return_exceptions=True)
+            results = await asyncio.gather(
+                *[w.sleep.remote(level=level) for w in self._workers], return_exceptions=True
+            )
             self._sleeping = True
             return {"status": "sleeping", "level": level, "workers": _per_worker(results)}
 
@@ -410,13 +426,17 @@ class CpuReplicaPool:
         """A wake stage; the pool serves again only after one restoring the KV cache."""
         self._require_initialized()
         if tags is not None and (not isinstance(tags, (list, tuple)) or not tags or not set(tags) <= WAKE_TAGS):
-            raise ValueError(f"wake_up tags={tags!r}: use None (everything) or a non-empty subset of {sorted(WAKE_TAGS)}")
+            raise ValueError(
+                f"wake_up tags={tags!r}: use None (everything) or a non-empty subset of {sorted(WAKE_TAGS)}"
+            )
         finalize = tags is None or "kv_cache" in tags
         if not self._sleeping:
             return {"status": "already_ready"}
         async with self._locked():
             tag_list = None if tags is None else list(tags)
-            results = await asyncio.gather(*[w.wake_up.remote(tags=tag_list) for w in self._workers], return_exceptions=True)
+            results = await asyncio.gather(
+                *[w.wake_up.remote(tags=tag_list) for w in self._workers], return_exceptions=True
+            )
             errors = [r for r in results if isinstance(r, BaseException)]
             if errors:
                 message = f"wake_up failed on {len(errors)} worker(s): {errors[0]}"
@@ -447,7 +467,9 @@ def _per_worker(results: list) -> list:
     return [{"status": "error", "message": str(r)} if isinstance(r, BaseException) else r for r in results]
 
 
-def build_model_config(model_name: str, vllm_config: Optional[dict], arctic_inference_config: Optional[dict] = None) -> Any:
+def build_model_config(
+    model_name: str, vllm_config: Optional[dict], arctic_inference_config: Optional[dict] = None
+) -> Any:
     """Stand-in for ``server_models.build_model_config`` (arctic_inference's ``ModelConfig`` needs vLLM).
 
     Like the real one it does not validate engine arguments (vLLM does, when the pool starts its

@@ -39,7 +39,12 @@ from . import zorro_double
 from .harness import free_port
 
 #: attn_implementation values that isolate packed sequences on a GPU (flash-attention's varlen path).
-FLASH_ATTENTION_KINDS = ("flash_attention_2", "flash_attention_3", "kernels-community/flash-attn", "kernels-community/flash-attn3")
+FLASH_ATTENTION_KINDS = (
+    "flash_attention_2",
+    "flash_attention_3",
+    "kernels-community/flash-attn",
+    "kernels-community/flash-attn3",
+)
 
 
 def standin_dtype() -> str:

@@ -1,12 +1,13 @@
 """Start Arctic's ``DeepSpeedWorker`` jobs in this process on the real DeepSpeed CPU engine and report (tests only).
 
 ``python engine_probe.py '<json>'`` with ``{"jobs": [<job_config>, ...], "dtype": "float32"|"bfloat16",
-"step": bool, "zero_grad": bool, "save_dir": str|null, "packed": {...}|null, "zorro_temperature": float|null}``: each job config is
-what Arctic's ``/initialize`` hands a worker (``ArcticClientConfig.to_onprem(job_type)``). For each job it runs
-:class:`~.cpu_worker.CpuDeepSpeedWorker` ``.initialize`` (Arctic's own, on DeepSpeed's CPU accelerator) and, when
-asked, one forward / backward / ``step`` through the engine and Arctic's ``save_checkpoint``. Prints one JSON line
-per job: ``{"ok": bool, "error": "<first line of the exception>", "grad_norm": float|null, "files": [...],
-"packed_gap": float|null, ...}``. One process, one gloo rank: ``init_distributed`` runs once for all jobs.
+"step": bool, "zero_grad": bool, "save_dir": str|null, "packed": {...}|null, "zorro_temperature": float|null}``:
+each job config is what Arctic's ``/initialize`` hands a worker (``ArcticClientConfig.to_onprem(job_type)``). For
+each job it runs :class:`~.cpu_worker.CpuDeepSpeedWorker` ``.initialize`` (Arctic's own, on DeepSpeed's CPU
+accelerator) and, when asked, one forward / backward / ``step`` through the engine and Arctic's ``save_checkpoint``.
+Prints one JSON line per job: ``{"ok": bool, "error": "<first line of the exception>", "grad_norm": float|null,
+"files": [...], "packed_gap": float|null, ...}``. One process, one gloo rank: ``init_distributed`` runs once for all
+jobs.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ def _probe(job: dict, request: dict, index: int) -> dict:
     try:
         worker.initialize("127.0.0.1", dict(job))
     except Exception as exc:  # the point of the probe: report what the real engine refuses
-        out.update(ok=False, error=f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}")
+        out.update(
+            ok=False, error=f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        )
         return out
     engine = worker.engine
     out.update(ok=True, stage=int(engine.zero_optimization_stage()), dtype=str(next(engine.module.parameters()).dtype))
@@ -60,15 +63,21 @@ def _probe(job: dict, request: dict, index: int) -> dict:
         pos = torch.cat([torch.arange(a.shape[1]), torch.arange(b.shape[1])]).unsqueeze(0)
         engine.eval()
         with torch.no_grad():
-            together = engine(input_ids=row, position_ids=pos, attention_mask=torch.ones_like(row)).logits[:, a.shape[1] :]
-            alone = engine(input_ids=b, position_ids=torch.arange(b.shape[1]).unsqueeze(0), attention_mask=torch.ones_like(b)).logits
+            together = engine(input_ids=row, position_ids=pos, attention_mask=torch.ones_like(row)).logits[
+                :, a.shape[1] :
+            ]
+            alone = engine(
+                input_ids=b, position_ids=torch.arange(b.shape[1]).unsqueeze(0), attention_mask=torch.ones_like(b)
+            ).logits
         out["packed_gap"] = float((together.float() - alone.float()).abs().max())
     zorro = request.get("zorro")
     if zorro:  # ZoRRo's forward: [B, S] padded in, response log-probs out, at the call's temperature?
         full = torch.tensor([zorro["ids"]])
         engine.eval()
         with torch.no_grad():
-            res = engine(input_ids=full, attention_mask=torch.ones_like(full), temperature=float(zorro["call_temperature"]))
+            res = engine(
+                input_ids=full, attention_mask=torch.ones_like(full), temperature=float(zorro["call_temperature"])
+            )
         out["zorro_logprobs"] = res.logprobs.reshape(-1).tolist()
     return out
 

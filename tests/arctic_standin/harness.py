@@ -8,7 +8,6 @@ from typing import Any, Optional
 
 import torch
 import yaml
-
 from support.ports import free_port  # noqa: F401 - re-exported: the stand-in's tests and workers take it from here
 
 SERVER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "server.py")

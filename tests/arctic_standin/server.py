@@ -109,7 +109,9 @@ def install_fault_injection(app: Any) -> None:
         armed = faults.pop(path, None)
         kind = armed["kind"] if armed else None
         if kind == "http_error":
-            return JSONResponse({"detail": armed.get("detail", "injected failure")}, status_code=int(armed.get("status", 500)))
+            return JSONResponse(
+                {"detail": armed.get("detail", "injected failure")}, status_code=int(armed.get("status", 500))
+            )
         if kind == "hang":
             await asyncio.sleep(float(armed.get("seconds", 3600)))
         if kind == "exit":

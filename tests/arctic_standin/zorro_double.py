@@ -46,7 +46,9 @@ def zorro_forward_double(model: torch.nn.Module, ctx: Any) -> None:
         start = width - response_len
         if start < 1:
             raise ValueError(f"ZoRRo response_len={response_len} leaves no prompt column in width {width}")
-        logits = plain_forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False).logits
+        logits = plain_forward(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).logits
         logits = logits[:, start - 1 : width - 1].float() / built_temperature
         log_probs = torch.log_softmax(logits, dim=-1)
         mask = attention_mask[:, start:].bool()

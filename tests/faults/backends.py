@@ -25,8 +25,8 @@ import signal
 import time
 from typing import Any, Optional
 
-
 from stub_backend import StubBackend, corrupt
+
 from verl.remote_backend import RemoteBackendRegistry
 from verl.workers.remote_client.local.backend import LocalBackend
 
@@ -92,22 +92,30 @@ class CorruptingLocalBackend(LocalBackend):
             in_flight = not task.done()
             os.kill(pid, signal.SIGKILL)
             CorruptingLocalBackend.LAST_KILL = {"pid": pid, "op": op, "in_flight": in_flight, "at": time.time()}
-            print(f"[fault] killed engine pid {pid} during {op} (in flight: {in_flight}) at {time.time():.3f}", flush=True)
+            print(
+                f"[fault] killed engine pid {pid} during {op} (in flight: {in_flight}) at {time.time():.3f}", flush=True
+            )
             return await task
         result = await call()
         return corrupt(op, fault, result, vocab_size=vocab_size or int(self.info.get("vocab_size", 512)))
 
     async def compute_log_prob(self, data, **kwargs):
-        return await self._run("compute_log_prob", lambda: super(CorruptingLocalBackend, self).compute_log_prob(data, **kwargs))
+        return await self._run(
+            "compute_log_prob", lambda: super(CorruptingLocalBackend, self).compute_log_prob(data, **kwargs)
+        )
 
     async def update_actor(self, data, **kwargs):
         return await self._run("update_actor", lambda: super(CorruptingLocalBackend, self).update_actor(data, **kwargs))
 
     async def generate(self, prompt_ids, sampling_params):
-        return await self._run("generate", lambda: super(CorruptingLocalBackend, self).generate(prompt_ids, sampling_params))
+        return await self._run(
+            "generate", lambda: super(CorruptingLocalBackend, self).generate(prompt_ids, sampling_params)
+        )
 
     async def save_checkpoint(self, path=None, step=None):
-        return await self._run("save_checkpoint", lambda: super(CorruptingLocalBackend, self).save_checkpoint(path, step))
+        return await self._run(
+            "save_checkpoint", lambda: super(CorruptingLocalBackend, self).save_checkpoint(path, step)
+        )
 
     async def destroy(self) -> None:
         if self._owner and not self._destroyed:

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
 import pytest
-
 from support.aio import Hang
 
 
@@ -76,7 +75,9 @@ class FaultRecorder:
         if isinstance(exc, Hang) or outcome.seconds > within_s:
             LEDGER.hangs += 1
             LEDGER.cases.append((self.name, "hang", outcome.seconds))
-            raise AssertionError(f"{self.name}: no {error.__name__} within {within_s}s ({outcome.seconds:.1f}s; {exc!r})")
+            raise AssertionError(
+                f"{self.name}: no {error.__name__} within {within_s}s ({outcome.seconds:.1f}s; {exc!r})"
+            )
         if exc is None:
             LEDGER.cases.append((self.name, "no error", outcome.seconds))
             raise AssertionError(f"{self.name}: expected {error.__name__} matching {match!r}, but nothing was raised")
@@ -119,7 +120,9 @@ class FaultRecorder:
                 lost.append(f"{path}: {exc}")
                 continue
             if after != before:
-                lost.append(f"{path}: files changed since it was saved ({sorted(set(before.items()) ^ set(after.items()))[:3]})")
+                lost.append(
+                    f"{path}: files changed since it was saved ({sorted(set(before.items()) ^ set(after.items()))[:3]})"
+                )
         LEDGER.checkpoints_lost += len(lost)
         return lost
 

@@ -15,13 +15,15 @@ import re
 
 import pytest
 import torch
-
-from faults.backends import ScriptedBackend
+from remote_e2e import compose
 from support.aio import run_async
 from support.forwarder import in_process_forwarder
-from remote_e2e import compose
+
+from faults.backends import ScriptedBackend
 from verl.remote_backend.errors import BackendDiedError, BackendOutputError, BackendTimeoutError
 from verl.utils import tensordict_utils as tu
+
+TEST_TIER = "integration"  # starts Ray, a server, an engine or a model (tiers: tests/conftest.py)
 
 NAME = "fault-scripted"
 
@@ -131,8 +133,16 @@ def test_frozen_backend_is_declared_dead_by_the_watchdog(fault, make_forwarder, 
 @pytest.mark.parametrize(
     "kind, match",
     [
-        ("wrong_shape", r"compute_log_prob: log_probs: expected shape \[12\] \(one value per packed token; rows \[5, 7\]\), got \[11\]"),
-        ("nan", r"compute_log_prob: log_probs: expected finite values, got 1 NaN/Inf \(first at packed index 3: row 0, token 3"),
+        (
+            "wrong_shape",
+            r"compute_log_prob: log_probs: expected shape \[12\] "
+            r"\(one value per packed token; rows \[5, 7\]\), got \[11\]",
+        ),
+        (
+            "nan",
+            r"compute_log_prob: log_probs: expected finite values, got 1 NaN/Inf "
+            r"\(first at packed index 3: row 0, token 3",
+        ),
         ("missing_key", r"compute_log_prob: entropy was asked for \(calculate_entropy=True\) but the result has none"),
     ],
 )
@@ -150,7 +160,9 @@ def test_out_of_vocabulary_token_is_named(fault, tiny_model_dir):
     assert vocab is not None
     ScriptedBackend.VOCAB = vocab
     with fault.expect(
-        BackendOutputError, match=rf"token_ids\[2\]={vocab + 7} is outside the model's vocabulary: expected an id in \[0, {vocab}\)", within_s=5
+        BackendOutputError,
+        match=rf"token_ids\[2\]={vocab + 7} is outside the model's vocabulary: expected an id in \[0, {vocab}\)",
+        within_s=5,
     ):
         run(server.generate("r1", prompt_ids=[5, 6, 7], sampling_params={"max_tokens": 4}))
 
@@ -215,11 +227,19 @@ def _bad_input_cases():
     prompt = [{"role": "user", "content": "What is 12 + 30?"}]
     return {
         "rollout.n=0": lambda m, t: ["actor_rollout_ref.rollout.n=0"],
-        "train_batch_size=6, ppo_mini_batch_size=4": lambda m, t: ["data.train_batch_size=6", "actor_rollout_ref.actor.ppo_mini_batch_size=4"],
-        "train file without a prompt column": lambda m, t: [f"data.train_files={parquet(t / 'q.parquet', [{'question': 'x'}] * 4)}"],
-        "train file with empty prompts": lambda m, t: [f"data.train_files={parquet(t / 'e.parquet', [{'prompt': prompt}, {'prompt': []}] * 2)}"],
+        "train_batch_size=6, ppo_mini_batch_size=4": lambda m, t: [
+            "data.train_batch_size=6",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        ],
+        "train file without a prompt column": lambda m, t: [
+            f"data.train_files={parquet(t / 'q.parquet', [{'question': 'x'}] * 4)}"
+        ],
+        "train file with empty prompts": lambda m, t: [
+            f"data.train_files={parquet(t / 'e.parquet', [{'prompt': prompt}, {'prompt': []}] * 2)}"
+        ],
         "overlong prompts, filtering off": lambda m, t: [
-            f"data.train_files={parquet(t / 'l.parquet', [{'prompt': [{'role': 'user', 'content': 'long ' * 300}]}] * 4)}",
+            "data.train_files="
+            f"{parquet(t / 'l.parquet', [{'prompt': [{'role': 'user', 'content': 'long ' * 300}]}] * 4)}",
             "data.filter_overlong_prompts=false",
         ],
         "local engine on cuda without a GPU": lambda m, t: ["remote_backend.local.device=cuda"],
@@ -243,12 +263,11 @@ BAD_INPUT_EXPECTED = {
 @pytest.mark.parametrize("case", list(BAD_INPUT_EXPECTED))
 def test_bad_input_is_refused_before_ray_starts(fault, tiny_model_dir, tmp_path, case):
     import ray
-
     from remote_e2e import build_gsm8k, small_ci_overrides
+
+    from verl.remote_backend.errors import ConfigError, ResumeCheckpointError
     from verl.remote_backend.launch.failure_report import failure_report
     from verl.remote_backend.main_ppo import run
-    from verl.remote_backend.errors import ResumeCheckpointError
-    from verl.remote_backend.errors import ConfigError
 
     if case.startswith("local engine on cuda") and torch.cuda.device_count() > 0:
         pytest.skip("this machine has a GPU")
@@ -264,5 +283,7 @@ def test_bad_input_is_refused_before_ray_starts(fault, tiny_model_dir, tmp_path,
     assert not ray.is_initialized(), "refused after Ray started"
     # what the user sees first (main_ppo.main prints it before Hydra's traceback): the cause and the fix
     first = failure_report(outcome.error).splitlines()[0]
-    assert first.startswith(f"[remote_backend] run failed: {error.__name__}: ") and re.search(BAD_INPUT_EXPECTED[case], first)
+    assert first.startswith(f"[remote_backend] run failed: {error.__name__}: ") and re.search(
+        BAD_INPUT_EXPECTED[case], first
+    )
     assert re.search(r"\b[Ff]ix\b|start over with|set ", first), first

@@ -27,14 +27,14 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-
-from faults.backends import CorruptingLocalBackend
 from local_backend_helpers import dense_rollout_batch, engine_info, random_rollouts, to_no_padding
+from remote_e2e import _tree, build_gsm8k, compose, external_modules_env, small_ci_overrides
 from support.aio import run_async
 from support.forwarder import in_process_forwarder
-from remote_e2e import _tree, build_gsm8k, compose, external_modules_env, small_ci_overrides
-from verl.remote_backend.launch.reaper import is_running
+
+from faults.backends import CorruptingLocalBackend
 from verl.remote_backend.errors import BackendDiedError, BackendOutputError, ResumeCheckpointError
+from verl.remote_backend.launch.reaper import is_running
 
 pytestmark = pytest.mark.slow
 
@@ -168,13 +168,17 @@ def test_engine_killed_during_generation(fault, engine):
 
     async def eight_requests():
         calls = [
-            server.generate(f"r{i}", prompt_ids=[5 + i, 6, 7, 8], sampling_params={"max_tokens": 1024, "temperature": 1.0})
+            server.generate(
+                f"r{i}", prompt_ids=[5 + i, 6, 7, 8], sampling_params={"max_tokens": 1024, "temperature": 1.0}
+            )
             for i in range(8)
         ]
         return await asyncio.gather(*calls, return_exceptions=True)
 
     with fault.expect(
-        BackendDiedError, match=r"'fault-local' died during generate: .*ActorDiedError.*Its logs: ", within_s=DEATH_BOUND_S
+        BackendDiedError,
+        match=r"'fault-local' died during generate: .*ActorDiedError.*Its logs: ",
+        within_s=DEATH_BOUND_S,
     ):
         results = run(eight_requests())
         died = [r for r in results if isinstance(r, BackendDiedError)]
@@ -192,7 +196,11 @@ def test_engine_killed_during_generation(fault, engine):
     [
         ("compute_log_prob", "wrong_shape", r"log_probs: expected shape \[\d+\] .* got \[\d+\]"),
         ("compute_log_prob", "nan", r"log_probs: expected finite values, got 1 NaN/Inf"),
-        ("compute_log_prob", "missing_key", r"entropy was asked for \(calculate_entropy=True\) but the result has none"),
+        (
+            "compute_log_prob",
+            "missing_key",
+            r"entropy was asked for \(calculate_entropy=True\) but the result has none",
+        ),
         ("generate", "oov", r"token_ids\[\d+\]=\d+ is outside the model's vocabulary: expected an id in \[0, \d+\)"),
     ],
     ids=["wrong_shape", "nan", "missing_key", "oov"],
@@ -201,7 +209,11 @@ def test_real_engine_outputs_corrupted(fault, shared, op, kind, match):
     CorruptingLocalBackend.SCRIPT[op] = kind
     with fault.expect(BackendOutputError, match=match, within_s=30):
         if op == "generate":
-            run(shared["server"].generate("r", prompt_ids=[5, 6, 7], sampling_params={"max_tokens": 4, "temperature": 0.0}))
+            run(
+                shared["server"].generate(
+                    "r", prompt_ids=[5, 6, 7], sampling_params={"max_tokens": 4, "temperature": 0.0}
+                )
+            )
         else:
             run(shared["forwarder"].compute_log_prob(log_prob_batch()))
     owner = shared["owner"]
@@ -271,7 +283,11 @@ def test_checkpoint_write_killed_half_way(fault, tiny_model_dir, tmp_path):
     from verl.remote_backend.checkpoints import check_resume_checkpoint, complete_checkpoints
     from verl.workers.remote_client.local.checkpoint import write_checkpoint_dir
 
-    proc = subprocess.Popen([sys.executable, "-c", _WRITER, tiny_model_dir, str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _WRITER, tiny_model_dir, str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 180
         while not (tmp_path / "WRITING").exists():
@@ -307,9 +323,9 @@ def test_checkpoint_write_killed_half_way(fault, tiny_model_dir, tmp_path):
 def arctic(ray_session, tiny_model_dir, monkeypatch, tmp_path):
     """An arctic backend that launched the stand-in server itself, plus a forwarder attached to it."""
     pytest.importorskip("arctic_platform")
+    from arctic_standin.harness import compose_config, free_port, standin_command
     from omegaconf import OmegaConf, open_dict
 
-    from arctic_standin.harness import compose_config, free_port, standin_command
     from verl.remote_backend import RemoteBackendRegistry
 
     port = free_port()
@@ -336,9 +352,9 @@ def arctic(ray_session, tiny_model_dir, monkeypatch, tmp_path):
 
 
 def arctic_batch(cfg):
+    from arctic_standin.harness import make_batch
     from transformers import AutoTokenizer
 
-    from arctic_standin.harness import make_batch
     from verl.utils import tensordict_utils as tu
 
     tok = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.path)
@@ -351,8 +367,11 @@ def arctic_batch(cfg):
 def _arm_hang(port: int, endpoint: str) -> None:
     import requests
 
-    requests.post(f"http://127.0.0.1:{port}/_standin/fault", json={"endpoint": endpoint, "kind": "hang", "seconds": 600},
-                  timeout=10).raise_for_status()  # fmt: skip
+    requests.post(
+        f"http://127.0.0.1:{port}/_standin/fault",
+        json={"endpoint": endpoint, "kind": "hang", "seconds": 600},
+        timeout=10,
+    ).raise_for_status()
 
 
 async def _call_then(action, call, delay_s=0.5):
@@ -369,7 +388,9 @@ async def _call_then(action, call, delay_s=0.5):
 
 def test_arctic_server_killed_mid_call(fault, arctic):
     fwd, proc, port = arctic["forwarder"], arctic["proc"], arctic["port"]
-    saved = run(fwd.save_checkpoint(str(Path(arctic["cfg"].trainer.default_local_dir) / "global_step_1" / "actor"), None, 1))
+    saved = run(
+        fwd.save_checkpoint(str(Path(arctic["cfg"].trainer.default_local_dir) / "global_step_1" / "actor"), None, 1)
+    )
     fault.protect(saved)
     _arm_hang(port, "/forward")
     with fault.expect(
@@ -392,7 +413,9 @@ def test_arctic_server_frozen_mid_call(fault, arctic):
         within_s=DEATH_BOUND_S,
     ):
         run(_call_then(lambda: os.kill(proc.pid, signal.SIGSTOP), fwd.compute_log_prob(arctic_batch(arctic["cfg"]))))
-    assert _call_then.seconds < 15  # by design ~3 s: interval 0.5 s + 2 probes of 1 s + backoff; slack for a loaded CI box
+    assert (
+        _call_then.seconds < 15
+    )  # by design ~3 s: interval 0.5 s + 2 probes of 1 s + backoff; slack for a loaded CI box
 
 
 # ---------------------------------------------------------------- one full main_ppo run
@@ -452,7 +475,9 @@ def test_full_run_engine_killed_during_update(fault, tiny_model_dir, tmp_path):
     assert re.search(r"RayTaskError\(BackendDiedError\)", output), output[-6000:]
     assert "[remote_backend] destroyed backend 'fault-local'" in output
     # the short block (cause first) comes before Hydra's error line and the traceback
-    block = output.find("[remote_backend] run failed: BackendDiedError: remote backend 'fault-local' died during update_actor")
+    block = output.find(
+        "[remote_backend] run failed: BackendDiedError: remote backend 'fault-local' died during update_actor"
+    )
     assert block != -1, output[-6000:]
     assert block < output.find("Error executing job") and block < output.rfind("Traceback (most recent call last)")
     assert exited_at - float(kill.group(3)) < 120, "the driver took too long to exit after the failure"

@@ -10,7 +10,12 @@ from support.ports import free_port
 def set_single_rank_env(monkeypatch) -> None:
     """The torch-distributed environment of a one-rank worker, as Ray would give it, on a free port:
     a fixed ``MASTER_PORT`` collides with any other run on the machine (and with other tests)."""
-    for key, value in {"WORLD_SIZE": "1", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}.items():
+    for key, value in {
+        "WORLD_SIZE": "1",
+        "RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+    }.items():
         monkeypatch.setenv(key, value)
 
 

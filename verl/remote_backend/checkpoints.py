@@ -98,7 +98,9 @@ def checkpoints_to_prune(saved: Sequence[str], max_keep: Optional[int], *, prote
 
 
 # ---------------------------------------------------------------- resume
-def select_resume_checkpoint(resume_mode: str, resume_from_path: Optional[str], default_local_dir: str) -> Optional[str]:
+def select_resume_checkpoint(
+    resume_mode: str, resume_from_path: Optional[str], default_local_dir: str
+) -> Optional[str]:
     """The ``global_step_<N>`` folder verl's ``_load_checkpoint`` would load, or ``None``.
 
     Raises:

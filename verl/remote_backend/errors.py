@@ -118,8 +118,8 @@ class BackendStoppedError(BackendDiedError):
         self.op, self.backend, self.logs = op, backend, logs
         BackendError.__init__(
             self,
-            f"remote backend {backend!r} was stopped during {op} ({_last_line(cause)}): the run is shutting down (after a "
-            "failure, reported separately, or Ctrl-C) or someone stopped it - not a crash of the backend. "
+            f"remote backend {backend!r} was stopped during {op} ({_last_line(cause)}): the run is shutting down "
+            "(after a failure, reported separately, or Ctrl-C) or someone stopped it - not a crash of the backend. "
             f"Its logs: {logs}.",
         )
 

@@ -16,9 +16,9 @@ from typing import Any, Optional
 
 import hydra
 
+from verl.remote_backend.errors import RunInterruptedError
 from verl.remote_backend.launch.derive import derive_remote_settings, describe, explicit_override_keys
 from verl.remote_backend.launch.failure_report import failure_report, root_cause
-from verl.remote_backend.errors import RunInterruptedError
 from verl.remote_backend.launch.interrupts import EXIT_CODE_INTERRUPTED, RunnerLauncher, interrupt_report
 from verl.remote_backend.launch.reaper import start_reaper
 from verl.remote_backend.launch.validation import backend_name, required_ray_cpus, validate_remote_backend_config

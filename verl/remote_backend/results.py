@@ -49,7 +49,9 @@ class BackendDevice:
         if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 1:
             raise BackendOutputError(f"BackendDevice.count must be an int >= 1, got {self.count!r}")
         if self.peak_flops is not None and not (_finite(self.peak_flops) and self.peak_flops > 0):
-            raise BackendOutputError(f"BackendDevice.peak_flops must be a finite FLOP/s > 0 or None, got {self.peak_flops!r}")
+            raise BackendOutputError(
+                f"BackendDevice.peak_flops must be a finite FLOP/s > 0 or None, got {self.peak_flops!r}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": self.type, "count": self.count, "peak_flops": self.peak_flops, "name": self.name}
@@ -59,7 +61,9 @@ class BackendDevice:
         """Build from ``{"type", "count"?, "peak_flops"?, "name"?}`` (unknown keys refused)."""
         unknown = set(raw) - {"type", "count", "peak_flops", "name"}
         if unknown:
-            raise BackendOutputError(f"device report has unknown keys {sorted(unknown)}; expected type/count/peak_flops/name")
+            raise BackendOutputError(
+                f"device report has unknown keys {sorted(unknown)}; expected type/count/peak_flops/name"
+            )
         peak = raw.get("peak_flops")
         return cls(
             type=str(raw.get("type", "")),
@@ -108,20 +112,27 @@ class UpdateResult:
 
     def __post_init__(self) -> None:
         if not isinstance(self.metrics, Mapping):
-            raise BackendOutputError(f"UpdateResult.metrics must be a mapping of name -> number(s), got {_describe(self.metrics)}")
+            raise BackendOutputError(
+                f"UpdateResult.metrics must be a mapping of name -> number(s), got {_describe(self.metrics)}"
+            )
         for name, value in self.metrics.items():
             if not _numeric(value):
                 raise BackendOutputError(
-                    f"UpdateResult.metrics[{name!r}] must be a number, a list of numbers or a tensor, got {_describe(value)}"
+                    f"UpdateResult.metrics[{name!r}] must be a number, a list of numbers or a tensor, "
+                    f"got {_describe(value)}"
                 )
         if self.loss is not None and not _numeric(self.loss):
-            raise BackendOutputError(f"UpdateResult.loss must be a number or a list of numbers, got {_describe(self.loss)}")
+            raise BackendOutputError(
+                f"UpdateResult.loss must be a number or a list of numbers, got {_describe(self.loss)}"
+            )
         if self.global_token_num is not None:
             tokens = self.global_token_num
             if isinstance(tokens, torch.Tensor):
                 tokens = tokens.tolist()
             if not isinstance(tokens, Sequence) or isinstance(tokens, (str, bytes)):
-                raise BackendOutputError(f"UpdateResult.global_token_num must be a list of ints, got {_describe(tokens)}")
+                raise BackendOutputError(
+                    f"UpdateResult.global_token_num must be a list of ints, got {_describe(tokens)}"
+                )
             bad = [t for t in tokens if isinstance(t, bool) or not isinstance(t, int) or t < 0]
             if bad:
                 raise BackendOutputError(f"UpdateResult.global_token_num must be non-negative ints, got {bad[:5]}")
@@ -143,7 +154,9 @@ class GenerateResult:
     def __post_init__(self) -> None:
         ids = list(self.token_ids) if isinstance(self.token_ids, (Sequence, torch.Tensor)) else None
         if ids is None:
-            raise BackendOutputError(f"GenerateResult.token_ids must be a list of ints, got {_describe(self.token_ids)}")
+            raise BackendOutputError(
+                f"GenerateResult.token_ids must be a list of ints, got {_describe(self.token_ids)}"
+            )
         bad = [t for t in ids if isinstance(t, bool) or not (isinstance(t, int) or hasattr(t, "__index__"))]
         if bad:
             raise BackendOutputError(f"GenerateResult.token_ids must be ints, got {bad[0]!r}")
@@ -155,7 +168,9 @@ class GenerateResult:
                     f"GenerateResult has {len(self.log_probs)} log-probs for {len(self.token_ids)} tokens"
                 )
         if self.stop_reason not in ("completed", "aborted"):
-            raise BackendOutputError(f"GenerateResult.stop_reason must be 'completed' or 'aborted', got {self.stop_reason!r}")
+            raise BackendOutputError(
+                f"GenerateResult.stop_reason must be 'completed' or 'aborted', got {self.stop_reason!r}"
+            )
 
 
 # ---------------------------------------------------------------- legacy dict results

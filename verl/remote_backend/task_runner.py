@@ -16,8 +16,8 @@ from typing import Any
 
 import ray
 
-from verl.remote_backend.launch.cpu_compat import install_flash_attn_fallback
 from verl.remote_backend.errors import RunInterruptedError
+from verl.remote_backend.launch.cpu_compat import install_flash_attn_fallback
 from verl.remote_backend.launch.interrupts import sigint_raises_keyboard_interrupt
 from verl.remote_backend.trainer import CPUResourcePoolManager, RemoteBackendTrainer, forwarder_role
 from verl.trainer.main_ppo import TaskRunner

@@ -18,16 +18,16 @@ from typing import Any, Optional
 import ray
 
 from verl.remote_backend.base import RemoteBackend, destroy_backend
-from verl.remote_backend.launch.cpu_compat import install_flash_attn_fallback
-from verl.remote_backend.reliability.guard import run_with_timeout
 from verl.remote_backend.errors import BackendTimeoutError, ConfigError, RunInterruptedError
+from verl.remote_backend.launch.cpu_compat import install_flash_attn_fallback
 from verl.remote_backend.launch.interrupts import raise_if_interrupted
-from verl.remote_backend.registry import RemoteBackendRegistry
-from verl.remote_backend.reliability.policy import ReliabilitySettings
 from verl.remote_backend.launch.validation import (
     RemoteRunPlan,
     validate_remote_backend_config,
 )
+from verl.remote_backend.registry import RemoteBackendRegistry
+from verl.remote_backend.reliability.guard import run_with_timeout
+from verl.remote_backend.reliability.policy import ReliabilitySettings
 from verl.single_controller.ray import RayResourcePool, ResourcePoolManager
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 from verl.trainer.ppo.utils import Role, need_reference_policy

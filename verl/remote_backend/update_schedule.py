@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional, Union
 
 import torch
 
-from verl.remote_backend.transport.batch_ref import BatchRef, batch_field
 from verl.remote_backend.errors import ConfigError
 from verl.remote_backend.settings.loader import select
+from verl.remote_backend.transport.batch_ref import BatchRef, batch_field
 
 if TYPE_CHECKING:
     from tensordict import TensorDict
@@ -49,19 +49,21 @@ class UpdateSchedule:
     def __post_init__(self) -> None:
         if self.mini_batch_size < 1:
             raise ConfigError.for_setting(
-                _MINI_KEY, self.mini_batch_size, "a PPO mini-batch needs at least one sample",
+                _MINI_KEY,
+                self.mini_batch_size,
+                "a PPO mini-batch needs at least one sample",
                 "set actor_rollout_ref.actor.ppo_mini_batch_size >= 1",
             )
         if self.epochs < 1:
             raise ConfigError.for_setting(
-                _EPOCHS_KEY, self.epochs, "the update needs at least one pass over the batch",
+                _EPOCHS_KEY,
+                self.epochs,
+                "the update needs at least one pass over the batch",
                 "set actor_rollout_ref.actor.ppo_epochs >= 1",
             )
 
 
-def read_update_schedule(
-    data: Union["TensorDict", BatchRef], *, actor_config: Any, rollout_n: int
-) -> UpdateSchedule:
+def read_update_schedule(data: Union["TensorDict", BatchRef], *, actor_config: Any, rollout_n: int) -> UpdateSchedule:
     """The schedule of one ``update_actor`` call, as verl's trainer and engine worker define it.
 
     Called by every backend's ``update_actor`` (and by the forwarder, for MFU's epoch count) on
@@ -101,7 +103,9 @@ def read_update_schedule(
         per_prompt = select(actor_config, "ppo_mini_batch_size")
         if per_prompt is None:
             raise ConfigError.for_setting(
-                _MINI_KEY, None, "the batch carries no mini_batch_size and the actor config has none",
+                _MINI_KEY,
+                None,
+                "the batch carries no mini_batch_size and the actor config has none",
                 "set actor_rollout_ref.actor.ppo_mini_batch_size (prompts per optimizer step)",
             )
         mini = int(per_prompt) * int(rollout_n)
@@ -153,7 +157,9 @@ def _shuffle_of(loader_kwargs: Mapping[str, Any]) -> bool:
     extra = sorted(set(loader_kwargs) - {"shuffle"})
     if extra:
         raise ConfigError.for_setting(
-            "dataloader_kwargs", dict(loader_kwargs), f"the update schedule honours only 'shuffle', not {extra}",
+            "dataloader_kwargs",
+            dict(loader_kwargs),
+            f"the update schedule honours only 'shuffle', not {extra}",
             "send dataloader_kwargs={'shuffle': <bool>} (what verl's trainer sends)",
         )
     return bool(loader_kwargs.get("shuffle", False))

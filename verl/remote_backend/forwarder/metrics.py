@@ -63,8 +63,6 @@ def normalise_metrics(raw: Optional[Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
-
-
 def metric_scalar(value: Any) -> float:
     """One float from a verl ``Metric`` (its aggregate) or a number / list of numbers (mean)."""
     aggregate = getattr(value, "aggregate", None)

@@ -51,7 +51,9 @@ class StepTiming:
         return out
 
 
-def remote_overhead_metrics(actor_metrics: dict[str, Any], wall_s: float, *, prefix: str = "actor/") -> dict[str, float]:
+def remote_overhead_metrics(
+    actor_metrics: dict[str, Any], wall_s: float, *, prefix: str = "actor/"
+) -> dict[str, float]:
     """The step's ``perf/remote/*`` metrics from the driver's wall time of the forwarded calls.
 
     Pops the forwarder's :class:`StepTiming` entries (``<prefix>remote/call_s``,

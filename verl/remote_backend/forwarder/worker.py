@@ -20,10 +20,12 @@ from omegaconf import DictConfig
 from tensordict import TensorDict
 
 from verl.remote_backend.base import RemoteBackend, accepts_batch_refs, destroy_backend, supports_resume
-from verl.remote_backend.transport.batch_ref import BatchRef, batch_field
-from verl.remote_backend.checkpoints import checkpoints_to_prune, parse_global_step, protected_checkpoint, resume_failure
-from verl.remote_backend.launch.cpu_compat import install_flash_attn_fallback
-from verl.remote_backend.forwarder.dispatch import make_forwarder_dispatch_fn
+from verl.remote_backend.checkpoints import (
+    checkpoints_to_prune,
+    parse_global_step,
+    protected_checkpoint,
+    resume_failure,
+)
 from verl.remote_backend.errors import (
     BackendDiedError,
     BackendOutputError,
@@ -31,17 +33,20 @@ from verl.remote_backend.errors import (
     ConfigError,
     ResumeCheckpointError,
 )
-from verl.remote_backend.reliability.guard import BackendGuard
-from verl.remote_backend.forwarder.output_checks import check_log_prob_output, check_update_output
-from verl.remote_backend.registry import RemoteBackendRegistry
-from verl.remote_backend.reliability.policy import ReliabilitySettings
-from verl.remote_backend.transport.layout import packed_to_nested, sequence_lengths
+from verl.remote_backend.forwarder.dispatch import make_forwarder_dispatch_fn
 from verl.remote_backend.forwarder.metrics import normalise_metrics
 from verl.remote_backend.forwarder.mfu import compute_mfu
-from verl.remote_backend.results import BackendDevice, as_log_prob_result, as_update_result
+from verl.remote_backend.forwarder.output_checks import check_log_prob_output, check_update_output
 from verl.remote_backend.forwarder.step_timing import StepTiming
-from verl.remote_backend.update_schedule import read_update_schedule
+from verl.remote_backend.launch.cpu_compat import install_flash_attn_fallback
+from verl.remote_backend.registry import RemoteBackendRegistry
+from verl.remote_backend.reliability.guard import BackendGuard
+from verl.remote_backend.reliability.policy import ReliabilitySettings
+from verl.remote_backend.results import BackendDevice, as_log_prob_result, as_update_result
+from verl.remote_backend.transport.batch_ref import BatchRef, batch_field
+from verl.remote_backend.transport.layout import packed_to_nested, sequence_lengths
 from verl.remote_backend.transport.wire import WireBatch, to_wire
+from verl.remote_backend.update_schedule import read_update_schedule
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.utils import tensordict_utils as tu
@@ -246,7 +251,9 @@ class RemoteBackendWorker(Worker):
         if self.rank != 0:
             return None
         backend = self._require_backend()
-        written = await self._call("save_checkpoint", lambda: backend.save_checkpoint(path=local_path, step=int(global_step)))
+        written = await self._call(
+            "save_checkpoint", lambda: backend.save_checkpoint(path=local_path, step=int(global_step))
+        )
         path = str(written or local_path)
         if path in self._saved_checkpoints:
             self._saved_checkpoints.remove(path)

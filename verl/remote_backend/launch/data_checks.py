@@ -104,6 +104,6 @@ def _check_lengths(path: str, prompts: Iterable, tokenizer: Any, limit: int, tem
     if over:
         raise ConfigError(
             f"{path}: {over} prompt(s) are longer than data.max_prompt_length={limit} tokens after the chat template "
-            f"(longest {longest}, first: row {first}), and data.filter_overlong_prompts=false keeps them: they would get "
-            f"no room to generate. Fix: set data.filter_overlong_prompts=true, or data.max_prompt_length>={longest}"
+            f"(longest {longest}, first: row {first}), and data.filter_overlong_prompts=false keeps them: they would "
+            f"get no room to generate. Fix: set data.filter_overlong_prompts=true, or data.max_prompt_length>={longest}"
         )

@@ -18,8 +18,8 @@ from omegaconf import OmegaConf, open_dict
 from verl.remote_backend.base import requires_single_forwarder
 from verl.remote_backend.errors import ConfigError
 from verl.remote_backend.launch.rules import required_settings
-from verl.remote_backend.settings.loader import select
 from verl.remote_backend.launch.validation import backend_name
+from verl.remote_backend.settings.loader import select
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig

@@ -17,7 +17,13 @@ from verl.remote_backend.settings.loader import select
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-__all__ = ["REMOTE_ROLLOUT_NAME", "VERL_ROLLOUT_ENGINES", "RequiredSetting", "required_settings", "check_required_settings"]
+__all__ = [
+    "REMOTE_ROLLOUT_NAME",
+    "VERL_ROLLOUT_ENGINES",
+    "RequiredSetting",
+    "required_settings",
+    "check_required_settings",
+]
 
 #: Rollout name of the replica that forwards ``generate`` to a remote backend.
 REMOTE_ROLLOUT_NAME = "remote"
@@ -94,7 +100,9 @@ def required_settings(config: "DictConfig", name: str, single_forwarder: bool) -
         if select(config, key) is not None
     ]
     if single_forwarder:
-        reason = f"backend {name!r} owns its parallelism: exactly one CPU forwarder (its devices: remote_backend.{name}.*)"
+        reason = (
+            f"backend {name!r} owns its parallelism: exactly one CPU forwarder (its devices: remote_backend.{name}.*)"
+        )
         rules += [RequiredSetting("trainer.n_gpus_per_node", 1, reason), RequiredSetting("trainer.nnodes", 1, reason)]
     return rules
 

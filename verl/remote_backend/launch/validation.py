@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from verl.remote_backend.base import RemoteBackend, requires_single_forwarder, supports_resume
 from verl.remote_backend.checkpoints import check_resume_checkpoint, select_resume_checkpoint
-from verl.remote_backend.launch.data_checks import check_data_files
 from verl.remote_backend.errors import ConfigError
+from verl.remote_backend.launch.data_checks import check_data_files
+from verl.remote_backend.launch.rules import check_required_settings
 from verl.remote_backend.registry import RemoteBackendRegistry
 from verl.remote_backend.reliability.policy import ReliabilitySettings
-from verl.remote_backend.launch.rules import check_required_settings
 from verl.remote_backend.settings.loader import select
 from verl.remote_backend.settings.verl_config import local_model_dir
 
@@ -149,10 +149,17 @@ def check_batch_sizes(config: "DictConfig") -> None:
     actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
     n = int(rollout.get("n", 1))
     if n < 1:
-        raise _fail("actor_rollout_ref.rollout.n", n, "every prompt needs at least one sampled response", "set rollout.n >= 1 (GRPO needs >= 2)")
+        raise _fail(
+            "actor_rollout_ref.rollout.n",
+            n,
+            "every prompt needs at least one sampled response",
+            "set rollout.n >= 1 (GRPO needs >= 2)",
+        )
     epochs = int(actor.get("ppo_epochs", 1))
     if epochs < 1:
-        raise _fail("actor_rollout_ref.actor.ppo_epochs", epochs, "an update needs at least one pass", "set ppo_epochs >= 1")
+        raise _fail(
+            "actor_rollout_ref.actor.ppo_epochs", epochs, "an update needs at least one pass", "set ppo_epochs >= 1"
+        )
     train = int(config.data.train_batch_size)
     mini = int(actor.ppo_mini_batch_size)
     if mini < 1 or train < mini or train % mini:

@@ -97,7 +97,9 @@ class BackendGuard:
                 if is_retryable(op, exc):
                     delay = next(delays, None)
                     if delay is not None:
-                        logger.warning("remote backend %r: %s failed (%s); retrying in %.2fs", self.name, op, _short(exc), delay)
+                        logger.warning(
+                            "remote backend %r: %s failed (%s); retrying in %.2fs", self.name, op, _short(exc), delay
+                        )
                         await asyncio.sleep(delay)
                         continue
                 died = await self._diagnose(op, exc)
@@ -169,7 +171,11 @@ class BackendGuard:
         live = self.settings.liveness
         failures = 0
         while self._inflight > 0 and self._dead is None:
-            await asyncio.sleep(live.interval_s if failures == 0 else min(live.interval_s, self.settings.retry.delay(failures, self._rng)))
+            await asyncio.sleep(
+                live.interval_s
+                if failures == 0
+                else min(live.interval_s, self.settings.retry.delay(failures, self._rng))
+            )
             if self._inflight == 0 or self._dead is not None:
                 return
             failure = await self.probe()
@@ -177,7 +183,9 @@ class BackendGuard:
                 failures = 0
                 continue
             failures += 1
-            logger.warning("remote backend %r: health probe %d/%d failed: %s", self.name, failures, live.failures, failure)
+            logger.warning(
+                "remote backend %r: health probe %d/%d failed: %s", self.name, failures, live.failures, failure
+            )
             if failures >= live.failures:
                 self._mark_dead("a call", f"{failures} consecutive health probes failed (last: {failure})")
                 return
@@ -205,8 +213,8 @@ def _abandon(task: asyncio.Future) -> None:
 
 def run_with_timeout(fn: Callable[[], Any], *, op: str, backend: str, limit_s: Optional[float]) -> Any:
     """Call a backend op from synchronous code (``from_config``, ``destroy_backend``) within
-    ``limit_s``. An awaitable result is awaited on the same worker thread. On timeout the thread is abandoned (it is a daemon) and
-    :class:`BackendTimeoutError` names the op, the backend and the key.
+    ``limit_s``. An awaitable result is awaited on the same worker thread. On timeout the thread is abandoned (it
+    is a daemon) and :class:`BackendTimeoutError` names the op, the backend and the key.
     """
 
     def _target() -> None:

@@ -60,8 +60,12 @@ class TimeoutSettings:
     destroy: Optional[float] = setting(300.0, gt=0, fix=_SECONDS_FIX)
     health: Optional[float] = setting(10.0, gt=0, fix=_SECONDS_FIX)
     compute_log_prob: Optional[float] = setting(1800.0, gt=0, fix=_SECONDS_FIX)
-    update_actor: Optional[float] = setting(7200.0, gt=0, fix=_SECONDS_FIX)  # every mini-batch and epoch of a global batch
-    generate: Optional[float] = setting(1800.0, gt=0, fix=_SECONDS_FIX)  # one sample, possibly queued behind a large batch
+    update_actor: Optional[float] = setting(
+        7200.0, gt=0, fix=_SECONDS_FIX
+    )  # every mini-batch and epoch of a global batch
+    generate: Optional[float] = setting(
+        1800.0, gt=0, fix=_SECONDS_FIX
+    )  # one sample, possibly queued behind a large batch
     update_weights: Optional[float] = setting(900.0, gt=0, fix=_SECONDS_FIX)  # also used for the sampler's sleep/wake
     save_checkpoint: Optional[float] = setting(1800.0, gt=0, fix=_SECONDS_FIX)
     load_checkpoint: Optional[float] = setting(1800.0, gt=0, fix=_SECONDS_FIX)

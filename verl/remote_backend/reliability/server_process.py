@@ -30,16 +30,29 @@ class ServerProcess:
         atexit.register(self.stop)
 
     @classmethod
-    def start(cls, argv: Sequence[str], *, log_path: str, address: str = "",
-              env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None) -> "ServerProcess":
+    def start(
+        cls,
+        argv: Sequence[str],
+        *,
+        log_path: str,
+        address: str = "",
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+    ) -> "ServerProcess":
         """Start ``argv`` in a new process session, stdout and stderr appended to ``log_path``.
 
         Returns at once; waiting until the server answers is the caller's (each protocol has
         its own readiness probe)."""
         os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
         with open(log_path, "ab") as log:
-            proc = subprocess.Popen([str(a) for a in argv], stdout=log, stderr=subprocess.STDOUT, cwd=cwd,
-                                    env=dict(env) if env is not None else None, start_new_session=True)
+            proc = subprocess.Popen(
+                [str(a) for a in argv],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=cwd,
+                env=dict(env) if env is not None else None,
+                start_new_session=True,
+            )
         return cls(proc, address, log_path)
 
     def alive(self) -> bool:

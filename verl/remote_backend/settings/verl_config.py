@@ -108,8 +108,7 @@ def max_grad_norm(main_config: Any) -> float:
     custom = values - {_VERL_DEFAULT_CLIP}
     if len(custom) > 1:
         raise ConfigError(
-            f"{_ACTOR}.grad_clip={legacy} and {optim_key}={optim} disagree; "
-            "set both to the same max gradient norm"
+            f"{_ACTOR}.grad_clip={legacy} and {optim_key}={optim} disagree; set both to the same max gradient norm"
         )
     norm = custom.pop() if custom else _VERL_DEFAULT_CLIP
     if not norm > 0:
@@ -148,9 +147,13 @@ def lr_schedule(main_config: Any) -> LrSchedule:
         ConfigError: an unknown style, a warm-up ratio or cosine without a known horizon,
             or a ``min_lr_ratio`` outside [0, 1].
     """
-    style = select(main_config, f"{_OPTIM}.warmup_style") or select(main_config, f"{_OPTIM}.lr_scheduler_type", "constant")
+    style = select(main_config, f"{_OPTIM}.warmup_style") or select(
+        main_config, f"{_OPTIM}.lr_scheduler_type", "constant"
+    )
     if style not in ("constant", "cosine"):
-        raise ConfigError.for_setting(f"{_OPTIM}.lr_scheduler_type", style, "verl knows no such schedule", "use constant or cosine")
+        raise ConfigError.for_setting(
+            f"{_OPTIM}.lr_scheduler_type", style, "verl knows no such schedule", "use constant or cosine"
+        )
     total = int(select(main_config, f"{_OPTIM}.total_training_steps", -1))
     if total <= 0:
         total = int(select(main_config, "trainer.total_training_steps", -1))
@@ -172,7 +175,9 @@ def lr_schedule(main_config: Any) -> LrSchedule:
         )
     min_lr_ratio = float(select(main_config, f"{_OPTIM}.min_lr_ratio", 0.0))
     if not 0.0 <= min_lr_ratio <= 1.0:
-        raise ConfigError.for_setting(f"{_OPTIM}.min_lr_ratio", min_lr_ratio, "it is a fraction of the peak lr", "set it in [0, 1]")
+        raise ConfigError.for_setting(
+            f"{_OPTIM}.min_lr_ratio", min_lr_ratio, "it is a fraction of the peak lr", "set it in [0, 1]"
+        )
     return LrSchedule(
         style=str(style),
         warmup_steps=max(0, warmup),

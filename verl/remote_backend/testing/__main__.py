@@ -12,12 +12,22 @@ from verl.remote_backend.testing.conformance import CHECKS, KitOptions, kit_conf
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m verl.remote_backend.testing", description=__doc__)
     parser.add_argument("--backend", required=True, help="registered backend name (trainer.remote_backend)")
-    parser.add_argument("--alignment-tolerance", type=float, default=KitOptions.alignment_tolerance,
-                        help="max |sampler - trainer| log-prob of the same tokens (default %(default)g)")
-    parser.add_argument("--batch-tolerance", type=float, default=KitOptions.batch_tolerance,
-                        help="max log-prob difference between batchings of the same rows (default %(default)g)")
+    parser.add_argument(
+        "--alignment-tolerance",
+        type=float,
+        default=KitOptions.alignment_tolerance,
+        help="max |sampler - trainer| log-prob of the same tokens (default %(default)g)",
+    )
+    parser.add_argument(
+        "--batch-tolerance",
+        type=float,
+        default=KitOptions.batch_tolerance,
+        help="max log-prob difference between batchings of the same rows (default %(default)g)",
+    )
     parser.add_argument("--check", action="append", choices=sorted(CHECKS), help="run only this check (repeatable)")
-    parser.add_argument("overrides", nargs="*", help="verl/Hydra overrides, e.g. actor_rollout_ref.model.path=/models/x")
+    parser.add_argument(
+        "overrides", nargs="*", help="verl/Hydra overrides, e.g. actor_rollout_ref.model.path=/models/x"
+    )
     args = parser.parse_args(argv)
     options = KitOptions(alignment_tolerance=args.alignment_tolerance, batch_tolerance=args.batch_tolerance,
                          checks=args.check)  # fmt: skip

@@ -67,7 +67,12 @@ def to_no_padding(dense: TensorDict, **non_tensor: Any) -> TensorDict:
 
 
 def random_rollouts(
-    n: int, *, seed: int, vocab: int = 500, prompt_len: tuple[int, int] = (3, 9), response_len: tuple[int, int] = (2, 10)
+    n: int,
+    *,
+    seed: int,
+    vocab: int = 500,
+    prompt_len: tuple[int, int] = (3, 9),
+    response_len: tuple[int, int] = (2, 10),
 ) -> tuple[list[list[int]], list[list[int]]]:
     """``n`` random prompts and responses of varied lengths; ids in ``[3, vocab)`` avoid the
     usual special tokens."""

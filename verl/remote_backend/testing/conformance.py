@@ -28,10 +28,10 @@ from verl.remote_backend.base import (
     supports_health,
     supports_resume,
 )
-from verl.remote_backend.forwarder.output_checks import check_log_prob_output
-from verl.remote_backend.registry import RemoteBackendRegistry
 from verl.remote_backend.errors import BackendClosedError
 from verl.remote_backend.forwarder.metrics import metric_scalar
+from verl.remote_backend.forwarder.output_checks import check_log_prob_output
+from verl.remote_backend.registry import RemoteBackendRegistry
 from verl.remote_backend.reliability.policy import is_retryable
 from verl.remote_backend.results import GenerateResult, LogProbResult, UpdateResult
 from verl.remote_backend.testing.batches import dense_rollout_batch, to_no_padding
@@ -57,30 +57,64 @@ PASS, FAIL, SKIP, UNSUPPORTED = "pass", "fail", "skip", "unsupported"
 
 #: every check, in report order: name -> (what the contract says, checks it needs)
 CHECKS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "1.methods": ("all nine methods implemented; the data path, update_weights, save_checkpoint and destroy async; from_config and requires_single_forwarder classmethods", ()),
+    "1.methods": (
+        "all nine methods implemented; the data path, update_weights, save_checkpoint and destroy async; "
+        "from_config and requires_single_forwarder classmethods",
+        (),
+    ),
     "1.handle": ("reconnect_handle() pickles and is small (< 64 KiB)", ()),
-    "1.reattach": ("an instance re-attached in another Ray process reaches the same engine (same log-probs)", ("3.repeat",)),
-    "1.attached-destroy": ("destroy() of a re-attached instance leaves the engine running and closes that instance (its later calls raise BackendClosedError); calling it twice is fine", ()),
+    "1.reattach": (
+        "an instance re-attached in another Ray process reaches the same engine (same log-probs)",
+        ("3.repeat",),
+    ),
+    "1.attached-destroy": (
+        "destroy() of a re-attached instance leaves the engine running and closes that instance "
+        "(its later calls raise BackendClosedError); calling it twice is fine",
+        (),
+    ),
     "1.destroy": ("destroy() is idempotent; later calls raise BackendClosedError", ()),
-    "1.owner-destroy": ("destroy() of the creating instance shuts the engine down: a client re-attached before it can no longer compute", ()),
+    "1.owner-destroy": (
+        "destroy() of the creating instance shuts the engine down: "
+        "a client re-attached before it can no longer compute",
+        (),
+    ),
     "2.layout": ("LogProbResult of float tensors, packed [T] (or NJT), finite, last slot of each row 0", ()),
     "2.entropy": ("entropy returned when asked, finite and >= 0 on response slots", ("2.layout",)),
-    "2.alignment": ("compute_log_prob at temperature t equals generate's log-probs of the same tokens at t (slot i = log p(token i+1 | <= i))", ("2.layout", "5.logprobs")),
+    "2.alignment": (
+        "compute_log_prob at temperature t equals generate's log-probs of the same tokens at t "
+        "(slot i = log p(token i+1 | <= i))",
+        ("2.layout", "5.logprobs"),
+    ),
     "3.repeat": ("the same batch twice gives the same log-probs", ("2.layout",)),
     "3.reorder": ("rows in another order give the same per-row log-probs", ("3.repeat",)),
     "3.split": ("the batch sent in two halves gives the same per-row log-probs", ("3.repeat",)),
     "4.metrics": ("UpdateResult with finite metrics including pg_loss and grad_norm", ("2.layout",)),
-    "4.direction": ("one update raises the log-probs of the positive-advantage response and lowers the negative one", ("2.layout", "4.metrics")),
-    "4.sampler-follows": ("after update_weights the sampler's log-probs change and equal the trainer's", ("4.metrics", "2.alignment")),
+    "4.direction": (
+        "one update raises the log-probs of the positive-advantage response and lowers the negative one",
+        ("2.layout", "4.metrics"),
+    ),
+    "4.sampler-follows": (
+        "after update_weights the sampler's log-probs change and equal the trainer's",
+        ("4.metrics", "2.alignment"),
+    ),
     "5.max-tokens": ("generate never returns more than max_tokens tokens", ()),
     "5.vocab": ("generated ids are ints inside the model's vocabulary", ()),
     "5.logprobs": ("one finite log-prob per token when asked", ()),
     "5.eos": ("generation stops at EOS: EOS only as the last token", ()),
     "5.concurrent": ("concurrent generate calls all complete", ()),
-    "6.resume": ("save -> new engine -> load restores log-probs and the next update", ("2.layout", "4.metrics", "3.repeat")),
-    "7.missing-key": ("a batch without a required key raises a plain exception that survives pickling, not retried", ()),
+    "6.resume": (
+        "save -> new engine -> load restores log-probs and the next update",
+        ("2.layout", "4.metrics", "3.repeat"),
+    ),
+    "7.missing-key": (
+        "a batch without a required key raises a plain exception that survives pickling, not retried",
+        (),
+    ),
     "7.wrong-dtype": ("a batch with float token ids raises a plain exception that survives pickling, not retried", ()),
-    "8.capabilities": ("optional capabilities that are present work (health, log_location, batch refs, sleep/wake, device, timing)", ("2.layout",)),
+    "8.capabilities": (
+        "optional capabilities that are present work (health, log_location, batch refs, sleep/wake, device, timing)",
+        ("2.layout",),
+    ),
 }
 
 
@@ -132,8 +166,8 @@ class ConformanceReport:
     def summary(self) -> str:
         counts = {s: sum(r.status == s for r in self.results) for s in (PASS, FAIL, SKIP, UNSUPPORTED)}
         return (
-            f"backend {self.backend!r}: {counts[PASS]} passed, {counts[FAIL]} failed, {counts[UNSUPPORTED]} unsupported, "
-            f"{counts[SKIP]} skipped in {self.seconds:.0f}s"
+            f"backend {self.backend!r}: {counts[PASS]} passed, {counts[FAIL]} failed, "
+            f"{counts[UNSUPPORTED]} unsupported, {counts[SKIP]} skipped in {self.seconds:.0f}s"
         )
 
     def text(self) -> str:
@@ -314,7 +348,9 @@ class _Kit:
             raise CheckFailed(f"generate returned a {type(result).__name__}, expected a GenerateResult")
         return result
 
-    def _update_batch(self, responses: Sequence[Sequence[int]], advantages: Sequence[float], old: Optional[list] = None):
+    def _update_batch(
+        self, responses: Sequence[Sequence[int]], advantages: Sequence[float], old: Optional[list] = None
+    ):
         """Two or more responses to the first prompt with per-sequence advantages, as verl sends an update."""
         rows = list(range(len(responses)))
         prompts = [self.prompts[0]] * len(rows)
@@ -323,7 +359,9 @@ class _Kit:
         mask = dense["response_mask"].float()
         adv = torch.tensor(advantages, dtype=torch.float32)[:, None] * mask
         old_lp = torch.zeros((len(rows), width)) if old is None else _pad_rows(old, width)
-        dense.update({"advantages": adv, "old_log_probs": old_lp, "ref_log_prob": old_lp.clone(), "returns": adv.clone()})
+        dense.update(
+            {"advantages": adv, "old_log_probs": old_lp, "ref_log_prob": old_lp.clone(), "returns": adv.clone()}
+        )
         return to_no_padding(
             dense, calculate_entropy=False, temperature=self.opt.temperature, mini_batch_size=len(rows), epochs=1,
             seed=1, dataloader_kwargs={"shuffle": False},
@@ -366,18 +404,26 @@ class _Kit:
 
         data = self._batch([0, 1])
         mine = self._rows(data, self._call(self._log_probs(self.owner, data)))
-        theirs = ray.get(_attached_log_probs.remote(self.name, self.cfg, self.owner.reconnect_handle(), data, self.opt.temperature),
-                         timeout=self.opt.call_timeout_s)  # fmt: skip
+        theirs = ray.get(
+            _attached_log_probs.remote(self.name, self.cfg, self.owner.reconnect_handle(), data, self.opt.temperature),
+            timeout=self.opt.call_timeout_s,
+        )
         diff = max(float((a - torch.as_tensor(b)).abs().max()) for a, b in zip(mine, theirs))
         if diff > self.opt.batch_tolerance:
-            raise CheckFailed(f"a re-attached instance in pid != {os.getpid()} gave log-probs {diff:.3g} away from the owner's")
+            raise CheckFailed(
+                f"a re-attached instance in pid != {os.getpid()} gave log-probs {diff:.3g} away from the owner's"
+            )
         return f"re-attached in another Ray process: max |diff| = {diff:.2g}"
 
     def _attached_destroy(self) -> str:
         import ray
 
-        after = ray.get(_attached_destroy_twice.remote(self.name, self.cfg, self.owner.reconnect_handle(), self._batch([0]),
-                                                       self.opt.temperature), timeout=self.opt.call_timeout_s)  # fmt: skip
+        after = ray.get(
+            _attached_destroy_twice.remote(
+                self.name, self.cfg, self.owner.reconnect_handle(), self._batch([0]), self.opt.temperature
+            ),
+            timeout=self.opt.call_timeout_s,
+        )
         try:
             self._call(self._log_probs(self.owner, self._batch([0])))
         except Exception as exc:  # noqa: BLE001
@@ -386,8 +432,13 @@ class _Kit:
         closed, raised = after
         if not closed:
             did = "succeeded" if raised is None else f"raised {raised}"
-            raise CheckFailed(f"a call on a re-attached instance after its own destroy() {did}, expected BackendClosedError")
-        return "engine still answers after a re-attached destroy() (called twice); that instance then raises BackendClosedError"
+            raise CheckFailed(
+                f"a call on a re-attached instance after its own destroy() {did}, expected BackendClosedError"
+            )
+        return (
+            "engine still answers after a re-attached destroy() (called twice); "
+            "that instance then raises BackendClosedError"
+        )
 
     def _destroy(self) -> str:
         owner, self.owner = self.owner, None
@@ -399,7 +450,9 @@ class _Kit:
         except BackendClosedError:
             return "destroy() twice; then BackendClosedError"
         except Exception as exc:  # noqa: BLE001
-            raise CheckFailed(f"a call after destroy() raised {type(exc).__name__}, expected BackendClosedError") from None
+            raise CheckFailed(
+                f"a call after destroy() raised {type(exc).__name__}, expected BackendClosedError"
+            ) from None
         raise CheckFailed("a call after destroy() succeeded")
 
     def _attach_before_owner_destroy(self, owner: RemoteBackend) -> None:
@@ -416,17 +469,24 @@ class _Kit:
             self._call(owner.destroy())
         attached = self.seen.pop("attached_before_destroy")
         if isinstance(attached, Exception):
-            raise CheckFailed(f"re-attaching from reconnect_handle() raised {type(attached).__name__}: {_first_line(attached)}")
+            raise CheckFailed(
+                f"re-attaching from reconnect_handle() raised {type(attached).__name__}: {_first_line(attached)}"
+            )
         try:
             self._call(self._log_probs(attached, self._batch([0])))
         except asyncio.TimeoutError:
             raise CheckFailed(f"after the owner's destroy() a re-attached client's call did not answer within "
                               f"{self.opt.call_timeout_s:g}s (it must fail)") from None  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - the measured value: any failure means the engine is gone
-            return f"after the owner's destroy() a re-attached client's call raised {type(exc).__name__}: {_first_line(exc)[:100]}"
+            return (
+                f"after the owner's destroy() a re-attached client's call raised {type(exc).__name__}: "
+                f"{_first_line(exc)[:100]}"
+            )
         finally:
             self._run_quietly(attached.destroy())
-        raise CheckFailed("after the owner's destroy() a re-attached client still computes log-probs: the engine was left running")
+        raise CheckFailed(
+            "after the owner's destroy() a re-attached client still computes log-probs: the engine was left running"
+        )
 
     # ------------------------------------------------------------ 2. log-prob layout
     def _layout(self) -> str:
@@ -495,7 +555,9 @@ class _Kit:
             rows += self._rows(data, self._call(self._log_probs(self.owner, data)))
         diff = _max_diff(rows, self.seen["reference_rows"])
         if diff > self.opt.batch_tolerance:
-            raise CheckFailed(f"two halves differ from the whole batch by {diff:.3g} (tolerance {self.opt.batch_tolerance:g})")
+            raise CheckFailed(
+                f"two halves differ from the whole batch by {diff:.3g} (tolerance {self.opt.batch_tolerance:g})"
+            )
         return f"max |diff| = {diff:.2g}"
 
     # ------------------------------------------------------------ 4. update semantics
@@ -535,17 +597,28 @@ class _Kit:
         trainer = self._response_slots(data, self._call(self._log_probs(self.owner, data)))[0]
         gap = float((trainer[: len(after.log_probs)] - torch.tensor(after.log_probs)).abs().max())
         same_tokens = before.token_ids == after.token_ids
-        moved = float((torch.tensor(before.log_probs) - torch.tensor(after.log_probs)).abs().max()) if same_tokens else math.inf
+        moved = (
+            float((torch.tensor(before.log_probs) - torch.tensor(after.log_probs)).abs().max())
+            if same_tokens
+            else math.inf
+        )
         if moved <= self.opt.batch_tolerance:
-            raise CheckFailed(f"the sampler's log-probs did not change after update + update_weights (max |diff| {moved:.3g})")
+            raise CheckFailed(
+                f"the sampler's log-probs did not change after update + update_weights (max |diff| {moved:.3g})"
+            )
         if gap > self.opt.alignment_tolerance:
             raise CheckFailed(f"after update_weights the sampler's log-probs are {gap:.3g} from the trainer's "
                               f"(tolerance {self.opt.alignment_tolerance:g})")  # fmt: skip
-        return f"sampler moved ({'new tokens' if not same_tokens else f'max |diff| {moved:.2g}'}); |sampler - trainer| = {gap:.2g}"
+        return (
+            f"sampler moved ({'new tokens' if not same_tokens else f'max |diff| {moved:.2g}'}); "
+            f"|sampler - trainer| = {gap:.2g}"
+        )
 
     # ------------------------------------------------------------ 5. generation
     def _max_tokens(self) -> str:
-        lengths = [len(self._generate(self.owner, p, max_tokens=3, seed=i).token_ids) for i, p in enumerate(self.prompts)]
+        lengths = [
+            len(self._generate(self.owner, p, max_tokens=3, seed=i).token_ids) for i, p in enumerate(self.prompts)
+        ]
         if max(lengths) > 3:
             raise CheckFailed(f"max_tokens=3 but generate returned {max(lengths)} tokens")
         return f"lengths {lengths} with max_tokens=3"
@@ -565,7 +638,9 @@ class _Kit:
         if not all(math.isfinite(x) and x <= 1e-6 for x in lps):
             raise CheckFailed(f"log-probs must be finite and <= 0, got {lps}")
         plain = self._generate(self.owner, self.prompts[0], seed=30, logprobs=False)
-        return f"{len(lps)} log-probs; without logprobs=True: {'none' if plain.log_probs is None else 'returned anyway'}"
+        return (
+            f"{len(lps)} log-probs; without logprobs=True: {'none' if plain.log_probs is None else 'returned anyway'}"
+        )
 
     def _eos(self) -> str:
         if self.eos is None:
@@ -582,9 +657,20 @@ class _Kit:
         n = self.opt.concurrent_requests
 
         async def burst() -> list[Any]:
-            calls = [self.owner.generate(list(self.prompts[i % len(self.prompts)]),
-                                         {"max_tokens": self.opt.max_tokens, "temperature": 1.0, "top_p": 1.0,
-                                          "top_k": -1, "logprobs": False, "seed": 50 + i}) for i in range(n)]  # fmt: skip
+            calls = [
+                self.owner.generate(
+                    list(self.prompts[i % len(self.prompts)]),
+                    {
+                        "max_tokens": self.opt.max_tokens,
+                        "temperature": 1.0,
+                        "top_p": 1.0,
+                        "top_k": -1,
+                        "logprobs": False,
+                        "seed": 50 + i,
+                    },
+                )
+                for i in range(n)
+            ]
             return await asyncio.gather(*calls)
 
         start = time.perf_counter()
@@ -617,12 +703,16 @@ class _Kit:
         gaps = {
             "log-probs after load": _max_diff(restored, saved),
             "log-probs after the next update": _max_diff(after_second, after_first),
-            "grad_norm of the next update": abs(metric_scalar(second.metrics["grad_norm"]) - metric_scalar(first.metrics["grad_norm"])),
+            "grad_norm of the next update": abs(
+                metric_scalar(second.metrics["grad_norm"]) - metric_scalar(first.metrics["grad_norm"])
+            ),
         }
         tol = max(self.opt.batch_tolerance, 1e-5)
         bad = {k: v for k, v in gaps.items() if v > tol * (1 if "grad_norm" not in k else 100)}
         if bad:
-            raise CheckFailed("after save -> new engine -> load: " + ", ".join(f"{k} differ by {v:.3g}" for k, v in bad.items()))
+            raise CheckFailed(
+                "after save -> new engine -> load: " + ", ".join(f"{k} differ by {v:.3g}" for k, v in bad.items())
+            )
         return "restored: " + ", ".join(f"{k} |diff| {v:.2g}" for k, v in gaps.items())
 
     # ------------------------------------------------------------ 7. errors
@@ -673,7 +763,9 @@ class _Kit:
         probe("log_location", implements(self.owner, "log_location"), lambda: _require_str(self.owner.log_location()))
         probe("batch_refs", accepts_batch_refs(self.owner), self._batch_ref_call)
         probe("sleep/wake_up", implements(self.owner, "sleep") and implements(self.owner, "wake_up"), self._sleep_wake)
-        probe("clear_kv_cache", implements(self.owner, "clear_kv_cache"), lambda: self._call(self.owner.clear_kv_cache()))
+        probe(
+            "clear_kv_cache", implements(self.owner, "clear_kv_cache"), lambda: self._call(self.owner.clear_kv_cache())
+        )
         probe("device report", self.seen.get("device") is not None)
         probe("timing (compute_s)", self.seen.get("compute_s") is not None)
         probe("check_config", implements(self.cls, "check_config"), lambda: self.cls.check_config(self.cfg))
@@ -716,12 +808,16 @@ def _attached_log_probs_body(name: str, cfg: Any, handle: dict, data: Any, tempe
         result = asyncio.run(backend.compute_log_prob(data, ref=False, calculate_entropy=False, rollout_n=1,
                                                       temperature=temperature, pad_token_id=0))  # fmt: skip
         values = result.log_probs.values() if result.log_probs.is_nested else result.log_probs
-        return [t.tolist() for t in torch.split(values.detach().float().cpu(), data["input_ids"].offsets().diff().tolist())]
+        return [
+            t.tolist() for t in torch.split(values.detach().float().cpu(), data["input_ids"].offsets().diff().tolist())
+        ]
     finally:
         asyncio.run(backend.destroy())
 
 
-def _attached_destroy_twice_body(name: str, cfg: Any, handle: dict, data: Any, temperature: float) -> tuple[bool, Optional[str]]:
+def _attached_destroy_twice_body(
+    name: str, cfg: Any, handle: dict, data: Any, temperature: float
+) -> tuple[bool, Optional[str]]:
     """Re-attach, destroy twice, then call: (the call raised BackendClosedError, ``"Type: message"``
     of what it raised or ``None`` when it answered)."""
     backend = RemoteBackendRegistry.get(name).from_config(cfg, handle=handle)

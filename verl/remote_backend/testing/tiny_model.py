@@ -133,9 +133,7 @@ def build_tiny_model(
     )
     torch.manual_seed(seed)
     model = model_cls(config)
-    model.generation_config = GenerationConfig(
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
-    )
+    model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     model.save_pretrained(out_dir, safe_serialization=True)
     return out_dir
 

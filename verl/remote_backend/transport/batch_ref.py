@@ -68,7 +68,9 @@ class BatchRef:
         """A ``BatchRef`` for ``data``, already stored under ``ref``."""
         input_ids = data["input_ids"]
         if not (isinstance(input_ids, torch.Tensor) and input_ids.is_nested):
-            raise TypeError("BatchRef needs the batch's nested-jagged input_ids (verl's left_right_2_no_padding output)")
+            raise TypeError(
+                "BatchRef needs the batch's nested-jagged input_ids (verl's left_right_2_no_padding output)"
+            )
         # clone: a view would drag the whole batch storage along when pickled
         return cls(ref=ref, offsets=input_ids.offsets().to(torch.int64).clone(), non_tensor=non_tensor_fields(data))
 

@@ -129,7 +129,9 @@ def packed_to_padded(
     return torch.where(inside, rows, torch.tensor(pad_value, dtype=rows.dtype))
 
 
-def padded_to_packed(dense: torch.Tensor, offsets: torch.Tensor, *, starts: Optional[torch.Tensor] = None) -> torch.Tensor:
+def padded_to_packed(
+    dense: torch.Tensor, offsets: torch.Tensor, *, starts: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """Padded ``[B, W, *rest]`` -> packed ``[T, *rest]`` (row ``i``'s run, rows back to back).
 
     Args:

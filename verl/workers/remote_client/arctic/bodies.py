@@ -165,7 +165,9 @@ def update_minibatches(
             continue
         value = _dense_field(data, key)
         if value.dim() != 2 or tuple(value.shape) != tuple(full["responses"].shape):
-            raise PayloadError(f"{key}: expected shape {tuple(full['responses'].shape)} (= responses), got {tuple(value.shape)}")
+            raise PayloadError(
+                f"{key}: expected shape {tuple(full['responses'].shape)} (= responses), got {tuple(value.shape)}"
+            )
         full[key] = response_to_full(value, prompt_width, name=key)
     full["loss_mask"] = full["response_mask"]
 

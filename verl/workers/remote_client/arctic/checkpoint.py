@@ -24,7 +24,15 @@ import json
 import os
 from typing import Any, Optional
 
-__all__ = ["RECORD_FILE", "DS_MODEL_STATES", "model_states_file", "checkpoint_dir", "checkpoint_problem", "write_record", "recorded_engine_step"]
+__all__ = [
+    "RECORD_FILE",
+    "DS_MODEL_STATES",
+    "model_states_file",
+    "checkpoint_dir",
+    "checkpoint_problem",
+    "write_record",
+    "recorded_engine_step",
+]
 
 RECORD_FILE = "arctic_checkpoint.json"
 #: DeepSpeed's model-states file of rank 0: ZeRO stages 0-2, then stage 3 (each rank saves its own partition).
@@ -49,8 +57,8 @@ def checkpoint_problem(actor_dir: str, step: Optional[int]) -> Optional[str]:
     """What keeps the server from loading verl's step ``step`` from ``actor_dir`` (``None``: looks loadable).
 
     Checks the files DeepSpeed's ``load_checkpoint`` needs: ``checkpoint-<step>/latest`` naming a tag
-    folder that holds DeepSpeed's model states (:data:`DS_MODEL_STATES`, by ZeRO stage). The Arctic server must see the same
-    ``trainer.default_local_dir`` as verl (same machine or a shared filesystem).
+    folder that holds DeepSpeed's model states (:data:`DS_MODEL_STATES`, by ZeRO stage). The Arctic server must see
+    the same ``trainer.default_local_dir`` as verl (same machine or a shared filesystem).
     """
     if step is None:
         return None
@@ -64,7 +72,9 @@ def checkpoint_problem(actor_dir: str, step: Optional[int]) -> Optional[str]:
     with open(latest) as fh:
         tag = fh.read().strip()
     if model_states_file(os.path.join(ckpt, tag)) is None:
-        return f"{latest} names DeepSpeed tag {tag!r}, but {os.path.join(ckpt, tag)} holds none of {list(DS_MODEL_STATES)}"
+        return (
+            f"{latest} names DeepSpeed tag {tag!r}, but {os.path.join(ckpt, tag)} holds none of {list(DS_MODEL_STATES)}"
+        )
     return None
 
 

@@ -18,11 +18,11 @@ import arctic_platform.client as arctic_client  # noqa: F401  (fails early with 
 import torch
 
 from verl.remote_backend.base import RemoteBackend
-from verl.remote_backend.transport.batch_ref import batch_field
-from verl.remote_backend.results import BackendDevice, GenerateResult, LogProbResult, UpdateResult
-from verl.remote_backend.registry import RemoteBackendRegistry
 from verl.remote_backend.errors import BackendClosedError, ConfigError, ResumeCheckpointError
+from verl.remote_backend.registry import RemoteBackendRegistry
+from verl.remote_backend.results import BackendDevice, GenerateResult, LogProbResult, UpdateResult
 from verl.remote_backend.settings.loader import select
+from verl.remote_backend.transport.batch_ref import batch_field
 from verl.remote_backend.update_schedule import read_update_schedule
 from verl.workers.remote_client.arctic import bodies
 from verl.workers.remote_client.arctic import checkpoint as arctic_checkpoint
@@ -91,7 +91,9 @@ class ArcticBackend(RemoteBackend):
         self._timeout_s = float(getattr(getattr(client, "config", None), "request_timeout", cfg.request_timeout_s))
         self._executor: Optional[ThreadPoolExecutor] = None  # training/control calls (one at a time)
         self._gen_executor: Optional[ThreadPoolExecutor] = None  # generate calls (many at a time)
-        self._gen_concurrency = int(cfg.generate.max_concurrency or derive_vllm_config(main_config, cfg)["max_num_seqs"])
+        self._gen_concurrency = int(
+            cfg.generate.max_concurrency or derive_vllm_config(main_config, cfg)["max_num_seqs"]
+        )
         train_ds = derive_ds_config(main_config, cfg, n_gpus=int(cfg.training_gpus))
         self._mini_batch_rows = int(train_ds["train_batch_size"])
         self._train_gas = int(train_ds["gradient_accumulation_steps"])
@@ -99,7 +101,8 @@ class ArcticBackend(RemoteBackend):
         self._log_prob_rows = {ref: log_prob_rows_per_request(main_config, cfg, ref=ref) for ref in (False, True)}
         self._tokenizer = None
         # None: unknown. Arctic's pool keeps its sleep state across jobs (a sampling job destroyed asleep leaves
-        # the next one asleep), so the first generate wakes it (a no-op when awake) and the first training call sleeps it.
+        # the next one asleep), so the first generate wakes it (a no-op when awake) and the first training call
+        # sleeps it.
         self._sampler_awake: Optional[bool] = None
         self._wake_lock: Optional[asyncio.Lock] = None  # one wake-up for a burst of generate calls
         self._policy_version = 0
@@ -137,7 +140,9 @@ class ArcticBackend(RemoteBackend):
             server_log = None  # taken from the launched server, if any
         else:
             if not isinstance(handle, dict) or handle.get("backend") != "arctic" or "client_config" not in handle:
-                raise ValueError("handle is not an arctic-backend handle (expected the dict from ArcticBackend.reconnect_handle())")
+                raise ValueError(
+                    "handle is not an arctic-backend handle (expected the dict from ArcticBackend.reconnect_handle())"
+                )
             client_cfg = ArcticClientConfig.model_validate(handle["client_config"])
             server_log = handle.get("server_log")
         try:
@@ -156,14 +161,17 @@ class ArcticBackend(RemoteBackend):
         Raises:
             ConfigError: an invalid ``remote_backend.arctic`` key, a derived DeepSpeed batch layout
                 that does not divide or a ZeRO stage / dtype mix DeepSpeed refuses, a setting the server
-                fails on or silently changes (:mod:`.arctic.server_checks`), or (with ``strict_loss_check``) an actor setting whose objective
-                Arctic's ``verl_grpo`` loss computes differently - naming the key, the value and the fix.
+                fails on or silently changes (:mod:`.arctic.server_checks`), or (with ``strict_loss_check``) an
+                actor setting whose objective Arctic's ``verl_grpo`` loss computes differently - naming the key, the
+                value and the fix.
         """
         cfg = load_arctic_config(main_config)
         derive_ds_config(main_config, cfg, n_gpus=int(cfg.training_gpus))
         unrunnable = server_problems(main_config, cfg)
         if unrunnable:  # not governed by strict_loss_check: the server fails or trains something else
-            raise ConfigError("Arctic RL's server cannot run these settings as verl means them: " + "; ".join(unrunnable))
+            raise ConfigError(
+                "Arctic RL's server cannot run these settings as verl means them: " + "; ".join(unrunnable)
+            )
         problems = check_loss_compatibility(main_config, cfg)
         if problems:
             msg = "verl's actor objective differs from Arctic's server loss: " + "; ".join(problems)
@@ -197,7 +205,10 @@ class ArcticBackend(RemoteBackend):
                 else:
                     client.transport.session.close()
             except Exception as exc:  # destroy runs in `finally` blocks: report, do not mask the first error
-                logger.warning("arctic: tearing down the client failed: %s", translate_error(exc, op="destroy", address=self._address))
+                logger.warning(
+                    "arctic: tearing down the client failed: %s",
+                    translate_error(exc, op="destroy", address=self._address),
+                )
         if self._server is not None:
             self._server.stop()
             self._server = None
@@ -236,14 +247,20 @@ class ArcticBackend(RemoteBackend):
         for rows in bodies.row_chunks(mask.shape[0], self._log_prob_rows[ref], min_rows=max(1, min_rows)):
             chunk = {k: v[rows] for k, v in batch.items()}
             resp = await self._call(
-                "fwd_no_grad", {"batch": chunk, "meta": meta}, processing=bodies.forward_processing(), reference_model=ref, op=op
+                "fwd_no_grad",
+                {"batch": chunk, "meta": meta},
+                processing=bodies.forward_processing(),
+                reference_model=ref,
+                op=op,
             )
             outs.append(require(resp, "batch", op=op))
             per_request.append(map_step_metrics({k: v for k, v in (resp.get("metrics") or {}).items() if k != "loss"}))
         out = {k: torch.cat([o[k] for o in outs]) for k in ("logprobs", "entropy") if all(k in o for o in outs)}
         if self.cfg.zorro.train:  # ZoRRo answers token-aligned (column t = log p(token t)); verl wants predict-next
             out = {k: token_aligned_to_predict_next(v) for k, v in out.items()}
-        metrics = {k: float(sum(v) / len(v)) for k, v in aggregate_update_metrics(per_request).items() if isinstance(v, list)}
+        metrics = {
+            k: float(sum(v) / len(v)) for k, v in aggregate_update_metrics(per_request).items() if isinstance(v, list)
+        }
         return LogProbResult(
             log_probs=self._packed(out, "logprobs", mask, op),
             entropy=self._packed(out, "entropy", mask, op) if calculate_entropy else None,
@@ -264,7 +281,8 @@ class ArcticBackend(RemoteBackend):
         meta = self._meta(data, rollout_n, temperature, entropy, pad_token_id)
         if schedule.mini_batch_size != self._mini_batch_rows:
             raise ConfigError(
-                f"verl sent PPO mini-batches of {schedule.mini_batch_size} samples, but Arctic's DeepSpeed job was created for "
+                f"verl sent PPO mini-batches of {schedule.mini_batch_size} samples, "
+                "but Arctic's DeepSpeed job was created for "
                 f"{self._mini_batch_rows} samples per optimizer step (actor_rollout_ref.actor.ppo_mini_batch_size x "
                 "rollout.n); the server would split them into the wrong micro-batches. Fix: keep "
                 "ppo_mini_batch_size and rollout.n as they were when the backend started"
@@ -287,7 +305,9 @@ class ArcticBackend(RemoteBackend):
             fb_metrics = require(fb, "metrics", op=op, where="forward-backward response", kind=dict)
             loss = reduce_metric(fb_metrics.get("loss", fb.get("avg_loss")))
             if loss is None:
-                raise ArcticResponseError(f"Arctic {op}: forward-backward response has neither metrics.loss nor avg_loss")
+                raise ArcticResponseError(
+                    f"Arctic {op}: forward-backward response has neither metrics.loss nor avg_loss"
+                )
             losses.append(loss)
             step_metrics = require(st, "metrics", op=op, where="step response", kind=dict)
             per_mb.append({**map_step_metrics(fb_metrics), **map_step_metrics(step_metrics)})
@@ -307,7 +327,10 @@ class ArcticBackend(RemoteBackend):
         own ``token_ids``, never re-tokenized.
         """
         if sampling_params.get("max_tokens") is None:
-            raise ValueError("generate: sampling_params['max_tokens'] is required (the rollout server caps it at rollout.response_length)")
+            raise ValueError(
+                "generate: sampling_params['max_tokens'] is required "
+                "(the rollout server caps it at rollout.response_length)"
+            )
         ids = [int(t) for t in prompt_ids]
         if self._tokenizer is None:
             self._tokenizer = load_tokenizer(self._main)
@@ -327,7 +350,9 @@ class ArcticBackend(RemoteBackend):
         await self._wake_sampler()
         results = await self._call("generate", [text], params, op="generate", concurrent=True)
         if not isinstance(results, list) or len(results) != 1:
-            raise ArcticResponseError(f"Arctic generate: expected a list with 1 result, got {type(results).__name__} {results!r:.200}")
+            raise ArcticResponseError(
+                f"Arctic generate: expected a list with 1 result, got {type(results).__name__} {results!r:.200}"
+            )
         result = results[0]
         return parse_result(result, want_logprobs=want_logprobs)
 
@@ -342,7 +367,9 @@ class ArcticBackend(RemoteBackend):
     async def save_checkpoint(self, path: Optional[str] = None, step: Optional[int] = None) -> Optional[str]:
         """DeepSpeed checkpoint (weights, optimizer, scheduler, step) in ``<path>/checkpoint-<step>``; the
         server's reported ``global_step`` is recorded beside it (:mod:`.arctic.checkpoint`) for resume."""
-        resp = await self._call("save_checkpoint", path=path, step=step, export_hf=self.cfg.export_hf, op="save_checkpoint")
+        resp = await self._call(
+            "save_checkpoint", path=path, step=step, export_hf=self.cfg.export_hf, op="save_checkpoint"
+        )
         if path is not None:
             arctic_checkpoint.write_record(path, step, resp)
         return resp.get("path") if isinstance(resp, dict) else None
@@ -371,7 +398,9 @@ class ArcticBackend(RemoteBackend):
                     "trainer.default_local_dir, or resume from another checkpoint with trainer.resume_mode=resume_path "
                     "trainer.resume_from_path=<global_step_N folder>, or start over with trainer.resume_mode=disable"
                 )
-        logger.info("arctic: restored %s (DeepSpeed global_step %s)", resp.get("path") if isinstance(resp, dict) else path, got)
+        logger.info(
+            "arctic: restored %s (DeepSpeed global_step %s)", resp.get("path") if isinstance(resp, dict) else path, got
+        )
         await self.update_weights()
 
     # ------------------------------------------------------------ liveness (optional capabilities)
@@ -405,7 +434,9 @@ class ArcticBackend(RemoteBackend):
 
     async def _call(self, method: str, *args: Any, op: str, concurrent: bool = False, **kwargs: Any) -> Any:
         """Run ``client.<method>`` on a worker thread (the generate pool when ``concurrent``); translate failures."""
-        return await self._run(functools.partial(getattr(self._live_client(), method), *args, **kwargs), op=op, concurrent=concurrent)
+        return await self._run(
+            functools.partial(getattr(self._live_client(), method), *args, **kwargs), op=op, concurrent=concurrent
+        )
 
     async def _run(self, call: Any, *, op: str, concurrent: bool = False) -> Any:
         try:
@@ -461,7 +492,11 @@ class ArcticBackend(RemoteBackend):
 
     async def _sleep_sampler(self) -> None:
         """Colocated: free the sampler's GPU memory before training work (update_weights wakes it)."""
-        if self.cfg.colocate and self.cfg.weight_sync.sleep_sampler_during_training and self._sampler_awake is not False:
+        if (
+            self.cfg.colocate
+            and self.cfg.weight_sync.sleep_sampler_during_training
+            and self._sampler_awake is not False
+        ):
             await self._call("sleep_inference", level=1, op="sleep_inference")
             self._sampler_awake = False
 
@@ -474,7 +509,8 @@ class ArcticBackend(RemoteBackend):
             raise ConfigError(
                 f"remote_backend.arctic.zorro.train=true: this call asks for temperature={temperature}, but ZoRRo's "
                 f"model on the server was built with actor_rollout_ref.rollout.temperature={built} and ignores a "
-                "per-call temperature. Fix: keep the call's temperature equal to rollout.temperature, or set zorro.train=false"
+                "per-call temperature. "
+                "Fix: keep the call's temperature equal to rollout.temperature, or set zorro.train=false"
             )
         zorro_width = int(select(self._main, "data.max_response_length", response_width))
         if self.cfg.zorro.train and response_width != zorro_width:

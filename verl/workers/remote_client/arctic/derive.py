@@ -136,7 +136,12 @@ def check_zero_stage(ds_config: dict) -> int:
     key = "remote_backend.arctic.deepspeed"
     stage = (ds_config.get("zero_optimization") or {}).get("stage", 0)
     if isinstance(stage, bool) or not isinstance(stage, int) or stage not in ZERO_STAGES:
-        raise ConfigError.for_setting(f"{key}.zero_optimization.stage", stage, f"DeepSpeed knows stages {list(ZERO_STAGES)}", "set it to 1 (the default)")
+        raise ConfigError.for_setting(
+            f"{key}.zero_optimization.stage",
+            stage,
+            f"DeepSpeed knows stages {list(ZERO_STAGES)}",
+            "set it to 1 (the default)",
+        )
     if stage == 0:
         accum = str((ds_config.get("data_types") or {}).get("grad_accum_dtype", "fp32"))
         if accum not in ("bf16", "bfloat16"):
@@ -187,7 +192,8 @@ def log_prob_rows_per_request(main_config: "DictConfig", arctic: ArcticConfig, *
 
 
 def _derive_scheduler(main_config: "DictConfig", lr: float) -> Optional[dict]:
-    """verl's schedule (:func:`~verl.remote_backend.settings.verl_config.lr_schedule`) as DeepSpeed's, in optimizer steps."""
+    """verl's schedule (:func:`~verl.remote_backend.settings.verl_config.lr_schedule`) as DeepSpeed's, in optimizer
+    steps."""
     schedule = lr_schedule(main_config)
     per_step = optimizer_steps_per_global_step(main_config)
     warmup = schedule.warmup_steps * per_step
@@ -243,7 +249,9 @@ def derive_ds_worker_config(main_config: "DictConfig", arctic: ArcticConfig) -> 
 
 
 def max_seq_len(main_config: "DictConfig") -> int:
-    return int(select(main_config, "data.max_prompt_length", 512)) + int(select(main_config, "data.max_response_length", 512))
+    return int(select(main_config, "data.max_prompt_length", 512)) + int(
+        select(main_config, "data.max_response_length", 512)
+    )
 
 
 def derive_vllm_config(main_config: "DictConfig", arctic: ArcticConfig) -> dict:
@@ -252,10 +260,14 @@ def derive_vllm_config(main_config: "DictConfig", arctic: ArcticConfig) -> dict:
     s = arctic.sampling
     vllm = {
         "tensor_parallel_size": int(s.tensor_parallel_size),
-        "gpu_memory_utilization": float(s.gpu_memory_utilization or select(main_config, f"{rollout}.gpu_memory_utilization", 0.5)),
+        "gpu_memory_utilization": float(
+            s.gpu_memory_utilization or select(main_config, f"{rollout}.gpu_memory_utilization", 0.5)
+        ),
         "max_model_len": int(select(main_config, f"{rollout}.max_model_len", None) or max_seq_len(main_config)),
         "max_num_seqs": int(s.max_num_seqs or select(main_config, f"{rollout}.max_num_seqs", 1024)),
-        "enforce_eager": bool(s.enforce_eager if s.enforce_eager is not None else select(main_config, f"{rollout}.enforce_eager", False)),
+        "enforce_eager": bool(
+            s.enforce_eager if s.enforce_eager is not None else select(main_config, f"{rollout}.enforce_eager", False)
+        ),
         "enable_chunked_prefill": bool(
             s.enable_chunked_prefill
             if s.enable_chunked_prefill is not None
@@ -310,9 +322,8 @@ def resolved_log_prob_gpus(main_config: "DictConfig", arctic: ArcticConfig) -> i
 
 def build_client_config(main_config: "DictConfig", arctic: ArcticConfig) -> "ArcticClientConfig":
     """The ``arctic_platform.client.ArcticClientConfig`` for a fresh backend (jobs not created yet)."""
-    from arctic_platform.client import ArcticClientConfig, OnPremConfig
+    from arctic_platform.client import ArcticClientConfig, OnPremConfig, TrainingConfig
     from arctic_platform.client import SamplingConfig as ArcticSamplingConfig
-    from arctic_platform.client import TrainingConfig
 
     log_prob_gpus = resolved_log_prob_gpus(main_config, arctic)
     if needs_reference(main_config) and log_prob_gpus == 0:
@@ -322,7 +333,9 @@ def build_client_config(main_config: "DictConfig", arctic: ArcticConfig) -> "Arc
         )
     checkpoint_dir = arctic.checkpoint_dir or select(main_config, "trainer.default_local_dir", None)
     if not checkpoint_dir:
-        raise ConfigError("set remote_backend.arctic.checkpoint_dir or trainer.default_local_dir (Arctic's training job needs one)")
+        raise ConfigError(
+            "set remote_backend.arctic.checkpoint_dir or trainer.default_local_dir (Arctic's training job needs one)"
+        )
     return ArcticClientConfig(
         model_name=model_path(main_config),
         seed=arctic.seed,

@@ -25,7 +25,9 @@ def load_tokenizer(main_config: Any) -> Any:
 
     model = "actor_rollout_ref.model"
     path = select(main_config, f"{model}.tokenizer_path") or select(main_config, f"{model}.path")
-    return AutoTokenizer.from_pretrained(path, trust_remote_code=bool(select(main_config, f"{model}.trust_remote_code", False)))
+    return AutoTokenizer.from_pretrained(
+        path, trust_remote_code=bool(select(main_config, f"{model}.trust_remote_code", False))
+    )
 
 
 def prompt_text(tokenizer: Any, ids: list[int], *, add_special_tokens: bool) -> str:
@@ -40,7 +42,7 @@ def prompt_text(tokenizer: Any, ids: list[int], *, add_special_tokens: bool) -> 
         at = next((i for i, (a, b) in enumerate(zip(ids, again)) if a != b), min(len(ids), len(again)))
         raise PromptRoundTripError(
             f"Arctic's /generate takes text: prompt ids -> text -> ids is not exact for this tokenizer "
-            f"(first difference at position {at}: {ids[at:at + 4]} became {again[at:at + 4]}; lengths "
+            f"(first difference at position {at}: {ids[at : at + 4]} became {again[at : at + 4]}; lengths "
             f"{len(ids)} vs {len(again)}). Check remote_backend.arctic.generate.add_special_tokens or the prompt."
         )
     return text
@@ -93,7 +95,8 @@ def _sampled_logprob(entry: Any, tok: int, i: int) -> float:
     value = item.get("logprob") if isinstance(item, dict) else None
     if isinstance(value, bool) or not isinstance(value, float) or not math.isfinite(value):
         raise ArcticResponseError(
-            f"{where}[{str(tok)!r}] for the sampled token {tok} is {item!r:.80}, expected {{'logprob': <finite float>, ...}}"
+            f"{where}[{str(tok)!r}] for the sampled token {tok} is {item!r:.80}, "
+            f"expected {{'logprob': <finite float>, ...}}"
         )
     if value > 0.0:
         raise ArcticResponseError(

@@ -66,8 +66,8 @@ def launch_server(
     while True:
         if not server.alive():
             raise ArcticUnreachableError(
-                f"Arctic RL server launched at {server.address} exited with code {server.proc.returncode} before becoming "
-                f"healthy; log {log_path}:\n{server.tail()}"
+                f"Arctic RL server launched at {server.address} exited with code {server.proc.returncode} "
+                f"before becoming healthy; log {log_path}:\n{server.tail()}"
             )
         left = deadline - time.monotonic()
         try:

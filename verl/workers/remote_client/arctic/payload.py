@@ -11,7 +11,12 @@ from __future__ import annotations
 
 import torch
 
-from verl.remote_backend.transport.layout import contiguous_rows, offsets_from_lengths, packed_to_padded, padded_to_packed
+from verl.remote_backend.transport.layout import (
+    contiguous_rows,
+    offsets_from_lengths,
+    packed_to_padded,
+    padded_to_packed,
+)
 from verl.workers.remote_client.arctic.errors import PayloadError
 
 __all__ = [

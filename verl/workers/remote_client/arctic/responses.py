@@ -28,7 +28,9 @@ def require(container: Any, key: str, *, op: str, where: str = "response", kind:
     return value
 
 
-def require_tensor(container: Any, key: str, shape: tuple[int, ...], *, op: str, where: str = "response.batch") -> torch.Tensor:
+def require_tensor(
+    container: Any, key: str, shape: tuple[int, ...], *, op: str, where: str = "response.batch"
+) -> torch.Tensor:
     """A floating tensor ``container[key]`` of exactly ``shape``, else :class:`ArcticResponseError`."""
     value = require(container, key, op=op, where=where)
     if isinstance(value, list):  # a server that detensorized its output

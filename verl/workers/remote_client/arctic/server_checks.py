@@ -58,7 +58,8 @@ def server_problems(main_config: "DictConfig", arctic: ArcticConfig) -> list[str
     attn = (arctic.ds_worker or {}).get("attn_implementation", attn)
     if attn is not None and attn not in FLASH_ATTENTION_KINDS:
         problems.append(
-            f"attn_implementation={attn!r} ({model}.override_config.attn_implementation or {p}.ds_worker): Arctic packs "
+            f"attn_implementation={attn!r} ({model}.override_config.attn_implementation or {p}.ds_worker): "
+            "Arctic packs "
             "each micro-batch into one row with an all-ones attention mask, which only flash-attention's varlen "
             "kernel splits at the sequence boundaries; with this kernel every sequence attends to the ones before it. "
             f"Fix: use one of {list(FLASH_ATTENTION_KINDS)} (the default), or unset it"
@@ -86,7 +87,9 @@ def _load_balancer_problems(main_config: "DictConfig", arctic: ArcticConfig) -> 
     n = int(select(main_config, f"{rollout}.n", 1))
     group = int(arctic.zorro.max_rollouts or n)
     prompt = int(select(main_config, "data.max_prompt_length", 512))
-    response = int(select(main_config, f"{rollout}.response_length", None) or select(main_config, "data.max_response_length", 512))
+    response = int(
+        select(main_config, f"{rollout}.response_length", None) or select(main_config, "data.max_response_length", 512)
+    )
     budget = int(select(main_config, f"{actor}.ppo_max_token_len_per_gpu", 16384))
     problems = []
     need = prompt + response * group

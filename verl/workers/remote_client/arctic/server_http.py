@@ -51,7 +51,9 @@ def translate_error(exc: BaseException, *, op: str, address: str, timeout_s: Opt
             status = exc.response.status_code
             detail = _detail_from_body(exc.response.text)
             return ArcticServerError(
-                f"Arctic RL server at {address} rejected {op} with HTTP {status}: {detail}", status=status, detail=detail
+                f"Arctic RL server at {address} rejected {op} with HTTP {status}: {detail}",
+                status=status,
+                detail=detail,
             )
         if isinstance(exc, requests.Timeout):
             return ArcticTimeoutError(
@@ -113,5 +115,6 @@ def probe_health(host: str, port: int, timeout_s: float) -> None:
         delay = min(delay * 2, 1.0)
     raise ArcticUnreachableError(
         f"Arctic RL server at {address} is unreachable (no healthy /health answer within {timeout_s}s; last error: "
-        f"{last}). Start the server or fix remote_backend.arctic.host/port (or set remote_backend.arctic.launch_server=true)."
+        f"{last}). Start the server or fix remote_backend.arctic.host/port "
+        "(or set remote_backend.arctic.launch_server=true)."
     )

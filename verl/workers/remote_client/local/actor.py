@@ -64,7 +64,12 @@ class EngineActor:
         self, data: Any, *, ref: bool, calculate_entropy: bool, temperature: float
     ) -> LogProbWire:
         result = await asyncio.to_thread(
-            _timed, self.engine.compute_log_prob, data, ref=ref, calculate_entropy=calculate_entropy, temperature=temperature
+            _timed,
+            self.engine.compute_log_prob,
+            data,
+            ref=ref,
+            calculate_entropy=calculate_entropy,
+            temperature=temperature,
         )
         return LogProbWire.of(result)  # numpy through the object store; the client rebuilds the result
 
@@ -150,7 +155,6 @@ class EngineActor:
             for fut, result in finished:
                 if not fut.done():
                     fut.set_result(result)
-
 
     async def _gather_burst(self, gap_s: float, limit: int) -> None:
         """Wait while a burst is still arriving: until ``gap_s`` passes without a new request,

@@ -12,14 +12,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Optional
 
 from verl.remote_backend.base import RemoteBackend
-from verl.remote_backend.results import GenerateResult, LogProbResult, UpdateResult
-from verl.remote_backend.transport.batch_ref import BatchRef
 from verl.remote_backend.errors import BackendClosedError, ConfigError
 from verl.remote_backend.launch.failure_report import ray_log_dir
 from verl.remote_backend.registry import RemoteBackendRegistry
+from verl.remote_backend.results import GenerateResult, LogProbResult, UpdateResult
 from verl.remote_backend.settings.loader import load_settings, select
+from verl.remote_backend.transport.batch_ref import BatchRef
 from verl.remote_backend.transport.wire import to_wire
-
 from verl.workers.remote_client.local import checkpoint as local_checkpoint
 from verl.workers.remote_client.local.config import CONFIG_KEY, EngineSettings, LocalBackendConfig
 
@@ -64,7 +63,9 @@ class LocalBackend(RemoteBackend):
         Raises:
             ConfigError: naming the key, the value and the fix.
         """
-        if load_settings(LocalBackendConfig, main_config, CONFIG_KEY).device != "cuda":  # the model path is the engine's to check
+        if (
+            load_settings(LocalBackendConfig, main_config, CONFIG_KEY).device != "cuda"
+        ):  # the model path is the engine's to check
             return
         if select(main_config, "ray_kwargs.ray_init.address"):
             return

@@ -20,9 +20,9 @@ import glob
 import hashlib
 import json
 import os
+import random
 import shutil
 import tempfile
-import random
 import uuid
 from typing import Any, Callable, Mapping, Optional
 
@@ -111,7 +111,9 @@ def verify_checkpoint_dir(path: str, step: Optional[int] = None, *, checksums: b
     path = os.path.abspath(os.path.expanduser(path))
     if not os.path.isdir(path):
         parent, base = glob.escape(os.path.dirname(path)), glob.escape(os.path.basename(path))
-        leftovers = sorted(glob.glob(os.path.join(parent, f".{base}.tmp-*")) + glob.glob(os.path.join(parent, f"{base}.old-*")))
+        leftovers = sorted(
+            glob.glob(os.path.join(parent, f".{base}.tmp-*")) + glob.glob(os.path.join(parent, f"{base}.old-*"))
+        )
         hint = f" (an interrupted write left {[os.path.basename(p) for p in leftovers]})" if leftovers else ""
         raise CheckpointError(f"checkpoint directory {path} does not exist{hint}")
     manifest_path = os.path.join(path, MANIFEST)

@@ -13,7 +13,14 @@ from typing import Any, Optional
 
 from verl.remote_backend.errors import ConfigError
 from verl.remote_backend.settings.loader import block, load_settings, select, setting
-from verl.remote_backend.settings.verl_config import LrSchedule, local_model_dir, lr_schedule, max_grad_norm, model_path, needs_reference
+from verl.remote_backend.settings.verl_config import (
+    LrSchedule,
+    local_model_dir,
+    lr_schedule,
+    max_grad_norm,
+    model_path,
+    needs_reference,
+)
 
 __all__ = ["LocalBackendConfig", "EngineSettings", "DTYPES", "CONFIG_KEY"]
 
@@ -41,7 +48,10 @@ class LocalBackendConfig:
     def __post_init__(self) -> None:
         if self.attn_implementation.startswith("flash") and self.device != "cuda":
             raise ConfigError.for_setting(
-                f"{CONFIG_KEY}.attn_implementation", self.attn_implementation, "flash attention needs device=cuda", "use sdpa"
+                f"{CONFIG_KEY}.attn_implementation",
+                self.attn_implementation,
+                "flash attention needs device=cuda",
+                "use sdpa",
             )
 
     def to_dict(self) -> dict[str, Any]:

@@ -18,9 +18,9 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from verl.remote_backend.results import BackendDevice, GenerateResult, LogProbResult, UpdateResult
 from verl.remote_backend.errors import ConfigError
 from verl.remote_backend.forwarder.mfu import measure_matmul_flops
+from verl.remote_backend.results import BackendDevice, GenerateResult, LogProbResult, UpdateResult
 
 from .checkpoint import CheckpointError, get_rng_state, set_rng_state, verify_checkpoint_dir, write_checkpoint_dir
 from .config import EngineSettings
@@ -238,7 +238,10 @@ class LocalEngine:
                 on_step=self._count_step,
             )
         return UpdateResult(
-            metrics=out["metrics"], loss=out["loss"], global_token_num=out["global_token_num"], device=self.device_report()
+            metrics=out["metrics"],
+            loss=out["loss"],
+            global_token_num=out["global_token_num"],
+            device=self.device_report(),
         )
 
     def _count_step(self) -> None:
@@ -289,7 +292,9 @@ class LocalEngine:
     def decode_batch(self) -> DecodeBatch:
         """An empty continuous batch on the sampler's weights; drive it with :meth:`decode_step`."""
         return DecodeBatch(
-            self.sampler_model, eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
+            self.sampler_model,
+            eos_token_ids=self.eos_token_ids,
+            pad_token_id=self.pad_token_id,
             generator=self.generator,
         )
 

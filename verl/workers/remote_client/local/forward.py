@@ -128,8 +128,10 @@ def packed_forward(
         return values if where is None else values[where]
 
     def spread(values: torch.Tensor) -> torch.Tensor:  # the computed slots -> [T], 0 elsewhere
-        return values if where is None else torch.zeros(total, dtype=values.dtype, device=device).masked_scatter(
-            where, values
+        return (
+            values
+            if where is None
+            else torch.zeros(total, dtype=values.dtype, device=device).masked_scatter(where, values)
         )
 
     temp = torch.as_tensor(temperature, dtype=torch.float32, device=device)
@@ -191,8 +193,14 @@ def _has_sliding_window(config: object) -> bool:
     return getattr(config, "sliding_window", None) is not None and bool(getattr(config, "use_sliding_window", True))
 
 
-def _packed_rows_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                           attention_mask: Optional[torch.Tensor], **kwargs):
+def _packed_rows_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Optional[torch.Tensor],
+    **kwargs,
+):
     """transformers' attention-function signature; ``query`` ``[1, H, T, D]`` when packed."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 

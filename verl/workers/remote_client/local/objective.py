@@ -82,10 +82,10 @@ def forward_backward(
         and ``kl_coef`` with the KL loss), aggregated over micro-batches the way
         verl declares them (sums for the loss terms, means for ratios).
     """
+    from verl.trainer.ppo.core_algos import agg_loss
     from verl.workers.engine.utils import prepare_micro_batches
     from verl.workers.utils.losses import ppo_loss
     from verl.workers.utils.padding import no_padding_2_padding
-    from verl.trainer.ppo.core_algos import agg_loss
 
     cfg = actor_config
     data = mini_batch.copy()  # shallow: we add non-tensor fields, the caller's batch stays as sent

@@ -34,7 +34,9 @@ _NOT_OPTIMIZER_KEYS = (
 )
 
 
-def build_optimizer_and_scheduler(model: torch.nn.Module, settings: EngineSettings) -> tuple[torch.optim.Optimizer, Any]:
+def build_optimizer_and_scheduler(
+    model: torch.nn.Module, settings: EngineSettings
+) -> tuple[torch.optim.Optimizer, Any]:
     """Return ``(optimizer over model's trainable parameters, LambdaLR schedule)``.
 
     Raises:

@@ -21,7 +21,13 @@ from verl.remote_backend.results import GenerateResult
 from .slot_cache import SlotCache
 
 __all__ = [
-    "SamplingParams", "SampleRequest", "SampleResult", "DecodeBatch", "sample_batch", "process_logits", "prefill_groups",
+    "SamplingParams",
+    "SampleRequest",
+    "SampleResult",
+    "DecodeBatch",
+    "sample_batch",
+    "process_logits",
+    "prefill_groups",
 ]
 
 
@@ -81,7 +87,9 @@ class SamplingParams:
         if not penalty > 0:
             raise ValueError(f"sampling_params.repetition_penalty={penalty!r} is invalid: it must be > 0")
         logprobs = raw.get("logprobs", False)
-        want_logprobs = logprobs is True or (isinstance(logprobs, int) and not isinstance(logprobs, bool) and logprobs >= 0)
+        want_logprobs = logprobs is True or (
+            isinstance(logprobs, int) and not isinstance(logprobs, bool) and logprobs >= 0
+        )
         seed = raw.get("seed")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise ValueError(f"sampling_params.seed={seed!r} is invalid: it must be an integer >= 0 or None")
@@ -306,10 +314,18 @@ class DecodeBatch:
         ids[mask] = torch.tensor([t for p in prompts for t in p], dtype=torch.long, device=dev)
         positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
-        logits = self.model(
-            input_ids=ids, attention_mask=mask.long(), position_ids=positions, use_cache=True, logits_to_keep=1,
-            **{self._cache_kw: cache},
-        ).logits[:, -1, :].float()
+        logits = (
+            self.model(
+                input_ids=ids,
+                attention_mask=mask.long(),
+                position_ids=positions,
+                use_cache=True,
+                logits_to_keep=1,
+                **{self._cache_kw: cache},
+            )
+            .logits[:, -1, :]
+            .float()
+        )
         self.cache.write_rows([(layer.keys, layer.values) for layer in cache.layers], lens)
         self.prefill_tokens += int(lens.sum())
         self.prefill_slots += m * width
@@ -380,7 +396,12 @@ class DecodeBatch:
             p = self.penalty[:, None]
             logits = torch.where(self.seen, torch.where(logits > 0, logits / p, logits * p), logits)
         tokens, logps = process_logits(
-            logits, self.temperature, self.top_k, self.top_p, self.generator, row_generators=self.row_generators,
+            logits,
+            self.temperature,
+            self.top_k,
+            self.top_p,
+            self.generator,
+            row_generators=self.row_generators,
             want_logprobs=self.want_logprobs,
         )
         self.out_tokens[rows, self.count] = tokens
@@ -408,18 +429,35 @@ class DecodeBatch:
             self.keys = [self.keys[i] for i in order]
             self.prompts = [self.prompts[i] for i in order]
             self.row_generators = [self.row_generators[i] for i in order]
-            for name in ("next_pos", "temperature", "top_k", "top_p", "penalty", "max_tokens",
-                         "want_logprobs", "count", "out_tokens", "out_logps"):
+            for name in (
+                "next_pos",
+                "temperature",
+                "top_k",
+                "top_p",
+                "penalty",
+                "max_tokens",
+                "want_logprobs",
+                "count",
+                "out_tokens",
+                "out_logps",
+            ):
                 setattr(self, name, getattr(self, name)[perm])
             if self.seen is not None:
                 self.seen = self.seen[perm] if bool((self.penalty != 1.0).any()) else None
             tokens = tokens[perm]
 
         attn = self.cache.begin_step()
-        self.logits = self.model(
-            input_ids=tokens[:, None], attention_mask=attn, position_ids=self.next_pos[:, None], use_cache=True,
-            **{self._cache_kw: self.cache},
-        ).logits[:, -1, :].float()
+        self.logits = (
+            self.model(
+                input_ids=tokens[:, None],
+                attention_mask=attn,
+                position_ids=self.next_pos[:, None],
+                use_cache=True,
+                **{self._cache_kw: self.cache},
+            )
+            .logits[:, -1, :]
+            .float()
+        )
         self.cache.end_step()
         self.next_pos = self.next_pos + 1
         return results

@@ -78,7 +78,9 @@ def rows_of(data: Any, *, with_update_fields: bool) -> list[Row]:
     return rows
 
 
-def advantage_scales(rows: list[Row], loss_agg_mode: str, *, response_width: int, loss_scale_factor: Any = None) -> list[float]:
+def advantage_scales(
+    rows: list[Row], loss_agg_mode: str, *, response_width: int, loss_scale_factor: Any = None
+) -> list[float]:
     """Per-sequence factor ``c_s`` on the advantages that turns the server's seq-mean-token-mean
     into verl's ``loss_agg_mode`` over this mini-batch (module docstring)."""
     live = [r for r in rows if r.mask_sum > 0]
@@ -119,7 +121,9 @@ def align_right(values: list, n: int) -> list[float]:
     return [float(v) for v in tail]
 
 
-def policy_metrics(rows: list[Row], new_log_probs: list[list[float]], clip_low: float, clip_high: float) -> dict[str, float]:
+def policy_metrics(
+    rows: list[Row], new_log_probs: list[list[float]], clip_low: float, clip_high: float
+) -> dict[str, float]:
     """verl's actor metrics of one mini-batch from the server's per-slot log-probs (before the step):
     ``pg_clipfrac`` (token share whose ratio left the clip range on the side that binds),
     ``ppo_kl`` (token mean of ``old - new``)."""

@@ -57,8 +57,8 @@ from verl.remote_backend.errors import (
     ResumeCheckpointError,
 )
 from verl.remote_backend.registry import RemoteBackendRegistry
-from verl.remote_backend.results import BackendDevice, GenerateResult, LogProbResult, UpdateResult
 from verl.remote_backend.reliability.server_process import ServerProcess
+from verl.remote_backend.results import BackendDevice, GenerateResult, LogProbResult, UpdateResult
 from verl.remote_backend.settings.loader import select
 from verl.remote_backend.update_schedule import optimizer_step_rows, read_update_schedule
 from verl.workers.remote_client.tinker import batch as tb
@@ -107,7 +107,10 @@ def _tensor(values: list, dtype: str) -> Any:
 def _datum(row: tb.Row, *, advantages: Optional[list[float]] = None) -> Any:
     """``model_input = tokens[:-1]``; per-slot targets, weights, sampling log-probs, advantages."""
     toks = row.tokens
-    inputs = {"target_tokens": _tensor(toks[1:], "int64"), "weights": _tensor(row.weights if advantages is not None else [1.0] * (len(toks) - 1), "float32")}
+    inputs = {
+        "target_tokens": _tensor(toks[1:], "int64"),
+        "weights": _tensor(row.weights if advantages is not None else [1.0] * (len(toks) - 1), "float32"),
+    }
     if advantages is not None:
         inputs["advantages"] = _tensor(advantages, "float32")
         inputs["logprobs"] = _tensor(row.old_log_probs, "float32")
@@ -118,8 +121,18 @@ def _datum(row: tb.Row, *, advantages: Optional[list[float]] = None) -> Any:
 class TinkerBackend(RemoteBackend):
     """verl <-> a Tinker-API server. Build with :meth:`from_config` only."""
 
-    def __init__(self, main_config: "DictConfig", cfg: TinkerConfig, *, owner: bool, model_id: str, base_model: str,
-                 service: Any, training: Any = None, server: Optional[ServerProcess] = None) -> None:
+    def __init__(
+        self,
+        main_config: "DictConfig",
+        cfg: TinkerConfig,
+        *,
+        owner: bool,
+        model_id: str,
+        base_model: str,
+        service: Any,
+        training: Any = None,
+        server: Optional[ServerProcess] = None,
+    ) -> None:
         self._main = main_config
         self.cfg = cfg
         self._owner = owner
@@ -150,26 +163,42 @@ class TinkerBackend(RemoteBackend):
         cfg = load_tinker_config(main_config)
         if handle is not None:
             if not isinstance(handle, dict) or handle.get("backend") != "tinker" or "model_id" not in handle:
-                raise ValueError("handle is not a tinker-backend handle (expected the dict from TinkerBackend.reconnect_handle())")
+                raise ValueError(
+                    "handle is not a tinker-backend handle (expected the dict from TinkerBackend.reconnect_handle())"
+                )
             cfg = dataclasses.replace(cfg, base_url=handle["base_url"])
             service = tinker.ServiceClient(base_url=cfg.base_url, api_key=cfg.resolved_api_key())
-            return cls(main_config, cfg, owner=False, model_id=handle["model_id"], base_model=handle["base_model"], service=service)
+            return cls(
+                main_config,
+                cfg,
+                owner=False,
+                model_id=handle["model_id"],
+                base_model=handle["base_model"],
+                service=service,
+            )
         cls.check_config(main_config)
         rank = lora_settings(main_config, cfg)
         base_model = cfg.base_model or str(select(main_config, "actor_rollout_ref.model.path"))
-        seed = cfg.seed if cfg.seed is not None else int(select(main_config, "actor_rollout_ref.actor.data_loader_seed", 0) or 0)
+        seed = (
+            cfg.seed
+            if cfg.seed is not None
+            else int(select(main_config, "actor_rollout_ref.actor.data_loader_seed", 0) or 0)
+        )
         server = None
         if cfg.launch_server:
             log_dir = str(select(main_config, "trainer.default_local_dir", "."))
             os.makedirs(log_dir, exist_ok=True)
-            server = ServerProcess.start(cfg.launch_command, log_path=os.path.join(log_dir, "tinker_server.log"),
-                                         address=cfg.base_url)
+            server = ServerProcess.start(
+                cfg.launch_command, log_path=os.path.join(log_dir, "tinker_server.log"), address=cfg.base_url
+            )
         deadline = time.monotonic() + float(cfg.startup_timeout_s)
         last: Optional[BaseException] = None
         while True:
             if server is not None and not server.alive():
-                raise TinkerBackendError(f"the Tinker server launched by remote_backend.tinker.launch_command exited with "
-                                         f"{server.proc.returncode}; its log: {server.log_path}")
+                raise TinkerBackendError(
+                    f"the Tinker server launched by remote_backend.tinker.launch_command exited with "
+                    f"{server.proc.returncode}; its log: {server.log_path}"
+                )
             try:
                 service = tinker.ServiceClient(base_url=cfg.base_url, api_key=cfg.resolved_api_key())
                 training = service.create_lora_training_client(base_model=base_model, rank=rank, seed=seed)
@@ -180,13 +209,22 @@ class TinkerBackend(RemoteBackend):
                     if server is not None:
                         server.stop()
                     raise TinkerBackendError(
-                        f"Tinker server at {cfg.base_url} did not create a LoRA model (base_model={base_model!r}, rank={rank}) "
+                        f"Tinker server at {cfg.base_url} did not create a LoRA model "
+                        f"(base_model={base_model!r}, rank={rank}) "
                         f"within remote_backend.tinker.startup_timeout_s={cfg.startup_timeout_s:g}: {_describe(last)}"
                     ) from exc
                 time.sleep(2.0)
         logger.info("tinker: created LoRA model %s (rank %d) on %s", training.model_id, rank, cfg.base_url)
-        return cls(main_config, cfg, owner=True, model_id=training.model_id, base_model=base_model,
-                   service=service, training=training, server=server)
+        return cls(
+            main_config,
+            cfg,
+            owner=True,
+            model_id=training.model_id,
+            base_model=base_model,
+            service=service,
+            training=training,
+            server=server,
+        )
 
     @classmethod
     def check_config(cls, main_config: "DictConfig") -> None:
@@ -210,7 +248,12 @@ class TinkerBackend(RemoteBackend):
     def reconnect_handle(self) -> dict[str, Any]:
         """Server URL, model id and base model (JSON): enough for another process to re-attach."""
         self._live()
-        return {"backend": "tinker", "base_url": self.cfg.base_url, "model_id": self.model_id, "base_model": self.base_model}
+        return {
+            "backend": "tinker",
+            "base_url": self.cfg.base_url,
+            "model_id": self.model_id,
+            "base_model": self.base_model,
+        }
 
     async def destroy(self) -> None:
         """Owner: unload the LoRA model from the server, stop a launched server. Re-attached: drop the session only."""
@@ -236,8 +279,16 @@ class TinkerBackend(RemoteBackend):
         return True  # the Tinker server owns all parallelism; verl runs one CPU forwarder
 
     # ------------------------------------------------------------ data path
-    async def compute_log_prob(self, data: "TensorDict", *, ref: bool, calculate_entropy: bool, rollout_n: int,
-                               temperature: float, pad_token_id: int) -> LogProbResult:
+    async def compute_log_prob(
+        self,
+        data: "TensorDict",
+        *,
+        ref: bool,
+        calculate_entropy: bool,
+        rollout_n: int,
+        temperature: float,
+        pad_token_id: int,
+    ) -> LogProbResult:
         """Per-token log-probs of the actor (training client ``forward``) or of the base model
         (reference: sampling client ``compute_logprobs``), packed ``[T]``.
 
@@ -251,18 +302,25 @@ class TinkerBackend(RemoteBackend):
         start = time.monotonic()
         if ref:
             sampler = await self._call(op, self._base_sampler)
-            futures = await self._call(op, lambda: [sampler.compute_logprobs(ttypes.ModelInput.from_ints(r.tokens)) for r in rows])
+            futures = await self._call(
+                op, lambda: [sampler.compute_logprobs(ttypes.ModelInput.from_ints(r.tokens)) for r in rows]
+            )
             answers = await self._call(op, lambda: [f.result() for f in futures])
-            slots = [self._checked(op, lambda a=a, r=r: tb.align_right(a, len(r.tokens) - 1)) for a, r in zip(answers, rows)]
+            slots = [
+                self._checked(op, lambda a=a, r=r: tb.align_right(a, len(r.tokens) - 1)) for a, r in zip(answers, rows)
+            ]
         else:
-            out = await self._call(op, lambda: self._train_client().forward([_datum(r) for r in rows], "cross_entropy").result())
+            out = await self._call(
+                op, lambda: self._train_client().forward([_datum(r) for r in rows], "cross_entropy").result()
+            )
             slots = self._slots(op, out, rows)
         log_probs = tb.packed_from_slots(rows, slots)
         entropy = -log_probs if calculate_entropy else None
         return LogProbResult(log_probs, entropy, device=self._device(), compute_s=time.monotonic() - start)
 
-    async def update_actor(self, data: "TensorDict", *, actor_config: Any, pad_token_id: int, rollout_n: int,
-                           temperature: float) -> UpdateResult:
+    async def update_actor(
+        self, data: "TensorDict", *, actor_config: Any, pad_token_id: int, rollout_n: int, temperature: float
+    ) -> UpdateResult:
         """verl's PPO loop on the server: for each optimizer step of the shared update schedule
         (:mod:`verl.remote_backend.update_schedule`: verl's order), one ``forward_backward``
         with per-token advantages (scaled to verl's ``loss_agg_mode``, see :mod:`.tinker.batch`),
@@ -271,7 +329,9 @@ class TinkerBackend(RemoteBackend):
         self._check_temperature(temperature, op)
         get = lambda key, default=None: select(actor_config, key, default)  # noqa: E731
         rows = tb.rows_of(data, with_update_fields=True)
-        steps = optimizer_step_rows(read_update_schedule(data, actor_config=actor_config, rollout_n=rollout_n), len(rows))
+        steps = optimizer_step_rows(
+            read_update_schedule(data, actor_config=actor_config, rollout_n=rollout_n), len(rows)
+        )
         loss_fn = resolved_loss_fn(self._main, self.cfg)
         low, high = clip_thresholds(actor_config)
         loss_cfg = {"clip_low_threshold": low, "clip_high_threshold": high} if loss_fn == "ppo" else None
@@ -284,7 +344,9 @@ class TinkerBackend(RemoteBackend):
             part = [rows[i] for i in step_rows.tolist()]
             scales = tb.advantage_scales(part, agg, response_width=width, loss_scale_factor=get("loss_scale_factor"))
             datums = [_datum(r, advantages=[a * c for a in r.advantages]) for r, c in zip(part, scales)]
-            fb = await self._call(op, lambda d=datums: self._train_client().forward_backward(d, loss_fn, loss_cfg).result())
+            fb = await self._call(
+                op, lambda d=datums: self._train_client().forward_backward(d, loss_fn, loss_cfg).result()
+            )
             st = await self._call(op, lambda: self._train_client().optim_step(adam).result())
             new_lp = self._slots(op, fb, part)
             elementwise = self._slots(op, fb, part, key="elementwise_loss")
@@ -304,7 +366,10 @@ class TinkerBackend(RemoteBackend):
         """One sample from the latest sampler weights (the base model before the first update,
         which equals the zero-initialised LoRA actor); stops at the model's EOS ids."""
         if sampling_params.get("max_tokens") is None:
-            raise ValueError("generate: sampling_params['max_tokens'] is required (the rollout server caps it at rollout.response_length)")
+            raise ValueError(
+                "generate: sampling_params['max_tokens'] is required "
+                "(the rollout server caps it at rollout.response_length)"
+            )
         sampler = self._sampler or await self._call("generate", self._refresh_sampler)
         top_k = int(sampling_params.get("top_k", -1) or -1)
         params = ttypes.SamplingParams(
@@ -337,8 +402,12 @@ class TinkerBackend(RemoteBackend):
         resp = await self._call("update_weights", lambda: self._train_client().save_weights_for_sampler(name).result())
         path = getattr(resp, "path", None)
         if not path:
-            raise TinkerBackendError(f"Tinker save_weights_for_sampler at {self.cfg.base_url} returned no path: {resp!r:.200}")
-        self._sampler = await self._call("update_weights", lambda: self._service.create_sampling_client(model_path=path))
+            raise TinkerBackendError(
+                f"Tinker save_weights_for_sampler at {self.cfg.base_url} returned no path: {resp!r:.200}"
+            )
+        self._sampler = await self._call(
+            "update_weights", lambda: self._service.create_sampling_client(model_path=path)
+        )
         self._sampler_path = path
         self._policy_version += 1
         return {"policy_version": self._policy_version}
@@ -355,8 +424,13 @@ class TinkerBackend(RemoteBackend):
             raise TinkerBackendError(f"Tinker save_state at {self.cfg.base_url} returned no path: {resp!r:.200}")
         if path is not None:
             os.makedirs(path, exist_ok=True)
-            record = {"tinker_path": tinker_path, "model_id": self.model_id, "base_model": self.base_model,
-                      "base_url": self.cfg.base_url, "step": step}
+            record = {
+                "tinker_path": tinker_path,
+                "model_id": self.model_id,
+                "base_model": self.base_model,
+                "base_url": self.cfg.base_url,
+                "step": step,
+            }
             tmp = os.path.join(path, CHECKPOINT_RECORD + ".tmp")
             with open(tmp, "w") as fh:
                 json.dump(record, fh)
@@ -379,10 +453,14 @@ class TinkerBackend(RemoteBackend):
         with open(os.path.join(path, CHECKPOINT_RECORD)) as fh:
             record = json.load(fh)
         try:
-            await self._call("load_checkpoint", lambda: self._train_client().load_state_with_optimizer(record["tinker_path"]).result())
+            await self._call(
+                "load_checkpoint",
+                lambda: self._train_client().load_state_with_optimizer(record["tinker_path"]).result(),
+            )
         except TinkerBackendError as exc:
             raise ResumeCheckpointError(
-                f"Tinker server at {self.cfg.base_url} did not restore {record['tinker_path']} (verl step {step}): {exc}. "
+                f"Tinker server at {self.cfg.base_url} did not restore {record['tinker_path']} "
+                f"(verl step {step}): {exc}. "
                 "The state must be on this server; resume another checkpoint with trainer.resume_mode=resume_path "
                 "trainer.resume_from_path=<global_step_N folder>, or start over with trainer.resume_mode=disable"
             ) from exc
@@ -420,8 +498,13 @@ class TinkerBackend(RemoteBackend):
 
     # ------------------------------------------------------------ helpers (results in one place each)
     def _update_result(self, loss: float, metrics: dict, data: Any, seconds: float) -> UpdateResult:
-        return UpdateResult(metrics, loss=float(loss), global_token_num=data["input_ids"].offsets().diff().tolist(),
-                            device=self._device(), compute_s=seconds)
+        return UpdateResult(
+            metrics,
+            loss=float(loss),
+            global_token_num=data["input_ids"].offsets().diff().tolist(),
+            device=self._device(),
+            compute_s=seconds,
+        )
 
     def _device(self) -> BackendDevice:
         d = self.cfg.device
@@ -435,11 +518,14 @@ class TinkerBackend(RemoteBackend):
         self._live()
         if self._training is None:  # re-attached: a training client on the owner's model
             holder = self._service.holder
-            training = tinker.TrainingClient(holder, model_seq_id=holder.get_training_client_id(), model_id=self.model_id)
+            training = tinker.TrainingClient(
+                holder, model_seq_id=holder.get_training_client_id(), model_id=self.model_id
+            )
             if not all(isinstance(getattr(training, a, None), int) for a in ("_request_id_counter", "_turn_counter")):
                 raise TinkerBackendError(
                     f"this tinker SDK ({getattr(tinker, '__version__', '?')}) numbers training requests differently "
-                    "from 0.25.0; a re-attached client could collide with the owner's requests (pin tinker==0.25.0)")
+                    "from 0.25.0; a re-attached client could collide with the owner's requests (pin tinker==0.25.0)"
+                )
             # the SDK sends request k only when its turn counter reaches k: both start at the block
             base = (1 + secrets.randbelow(_ATTACHED_SEQ_BLOCKS)) * _ATTACHED_SEQ_BLOCK
             training._request_id_counter = training._turn_counter = base
@@ -456,7 +542,8 @@ class TinkerBackend(RemoteBackend):
         self._live()
         listing = self._service.create_rest_client().list_checkpoints(self.model_id).result()
         names = sorted(
-            (c.checkpoint_id, c.tinker_path) for c in listing.checkpoints
+            (c.checkpoint_id, c.tinker_path)
+            for c in listing.checkpoints
             if c.checkpoint_type == "sampler" and c.checkpoint_id.startswith(SAMPLER_PREFIX)
         )
         if not names:
@@ -472,7 +559,12 @@ class TinkerBackend(RemoteBackend):
             with urllib.request.urlopen(url, timeout=min(5.0, float(self.cfg.connect_timeout_s))) as resp:
                 return resp.status == 200
         except Exception as exc:
-            logger.warning("tinker: server %s unreachable at teardown (%s); model %s not unloaded", self.cfg.base_url, exc, self.model_id)
+            logger.warning(
+                "tinker: server %s unreachable at teardown (%s); model %s not unloaded",
+                self.cfg.base_url,
+                exc,
+                self.model_id,
+            )
             return False
 
     def _unload(self) -> None:
@@ -522,8 +614,10 @@ class TinkerBackend(RemoteBackend):
     @staticmethod
     def _check_temperature(temperature: float, op: str) -> None:
         if float(temperature) != 1.0:
-            raise ConfigError(f"tinker {op}: temperature={temperature} (actor_rollout_ref.rollout.temperature) is not "
-                              "supported: the server scores tokens at temperature 1 only")
+            raise ConfigError(
+                f"tinker {op}: temperature={temperature} (actor_rollout_ref.rollout.temperature) is not "
+                "supported: the server scores tokens at temperature 1 only"
+            )
 
     @staticmethod
     def _stop_ids(main_config: Any) -> list[int]:

@@ -62,7 +62,9 @@ class TinkerConfig:
     base_model: Optional[str] = None
     max_lora_rank: int = setting(32, ge=1)
     server_lora_alpha: float = setting(32.0, gt=0)
-    loss_fn: Optional[str] = setting(None, choices=SUPPORTED_LOSS_FNS, fix="use null (= ppo), ppo or importance_sampling")
+    loss_fn: Optional[str] = setting(
+        None, choices=SUPPORTED_LOSS_FNS, fix="use null (= ppo), ppo or importance_sampling"
+    )
     seed: Optional[int] = None
     launch_server: bool = False
     launch_command: Optional[list] = None
@@ -72,7 +74,9 @@ class TinkerConfig:
 
     def __post_init__(self) -> None:
         if not str(self.base_url).startswith(("http://", "https://")):
-            raise ConfigError.for_setting(f"{CONFIG_KEY}.base_url", self.base_url, "not an HTTP URL", "use http://host:port")
+            raise ConfigError.for_setting(
+                f"{CONFIG_KEY}.base_url", self.base_url, "not an HTTP URL", "use http://host:port"
+            )
         if self.launch_server and not self.launch_command:
             raise ConfigError.for_setting(
                 f"{CONFIG_KEY}.launch_command", self.launch_command, "launch_server=true needs the server's argv",
@@ -115,14 +119,16 @@ def lora_settings(main_config: "DictConfig", cfg: TinkerConfig) -> int:
     if not 1 <= rank <= int(cfg.max_lora_rank):
         why = "is unset (0)" if rank <= 0 else f"is outside the server's range 1..{cfg.max_lora_rank}"
         raise ConfigError(
-            f"{key}={rank} {why} (supported: 1..{cfg.max_lora_rank}): a Tinker server trains LoRA adapters only (no full fine-tuning). Set "
+            f"{key}={rank} {why} (supported: 1..{cfg.max_lora_rank}): "
+            "a Tinker server trains LoRA adapters only (no full fine-tuning). Set "
             f"actor_rollout_ref.model.lora_rank to a value in 1..{cfg.max_lora_rank} "
             "(remote_backend.tinker.max_lora_rank is the server's limit)"
         )
     alpha = float(select(main_config, "actor_rollout_ref.model.lora_alpha", 16))
     if not math.isclose(alpha, float(cfg.server_lora_alpha)):
         raise ConfigError(
-            f"actor_rollout_ref.model.lora_alpha={alpha:g} is not supported (supported: {float(cfg.server_lora_alpha):g}): the Tinker server applies LoRA alpha "
+            f"actor_rollout_ref.model.lora_alpha={alpha:g} is not supported "
+            f"(supported: {float(cfg.server_lora_alpha):g}): the Tinker server applies LoRA alpha "
             f"{float(cfg.server_lora_alpha):g} whatever the client asks (remote_backend.tinker.server_lora_alpha). Set "
             f"actor_rollout_ref.model.lora_alpha={float(cfg.server_lora_alpha):g}"
         )
@@ -140,49 +146,96 @@ def objective_problems(main_config: "DictConfig", cfg: TinkerConfig) -> list[str
     problems: list[str] = []
     mode = select(actor, "policy_loss.loss_mode", "vanilla")
     if mode != "vanilla":
-        problems.append(_refuse(f"{a}.policy_loss.loss_mode", mode, "vanilla",
-                                "the server's losses are PPO's clipped ratio and plain importance sampling"))
+        problems.append(
+            _refuse(
+                f"{a}.policy_loss.loss_mode",
+                mode,
+                "vanilla",
+                "the server's losses are PPO's clipped ratio and plain importance sampling",
+            )
+        )
     agg = select(actor, "loss_agg_mode", "token-mean")
     if agg not in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
-        problems.append(_refuse(f"{a}.loss_agg_mode", agg, "token-mean, seq-mean-token-sum, seq-mean-token-mean, "
-                                "seq-mean-token-sum-norm", "unknown aggregation"))
+        problems.append(
+            _refuse(
+                f"{a}.loss_agg_mode",
+                agg,
+                "token-mean, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm",
+                "unknown aggregation",
+            )
+        )
     if bool(select(actor, "use_kl_loss", False)):
-        problems.append(_refuse(f"{a}.use_kl_loss", True, "false (use algorithm.use_kl_in_reward=true instead)",
-                                "the server's loss has no reference-KL term"))
+        problems.append(
+            _refuse(
+                f"{a}.use_kl_loss",
+                True,
+                "false (use algorithm.use_kl_in_reward=true instead)",
+                "the server's loss has no reference-KL term",
+            )
+        )
     ent = float(select(actor, "entropy_coeff", 0.0) or 0.0)
     if ent != 0.0:
         problems.append(_refuse(f"{a}.entropy_coeff", ent, "0", "the server's loss has no entropy bonus"))
     clip = max_grad_norm(main_config)  # the shared rule: actor.grad_clip / optim.clip_grad, whichever is set
     if clip < _GRAD_CLIP_OFF:
-        problems.append(_refuse(f"{a}.grad_clip", clip, f">= {_GRAD_CLIP_OFF:g} (= no clipping), e.g. 1e9",
-                                "the server's AdamW does not clip gradients"))
+        problems.append(
+            _refuse(
+                f"{a}.grad_clip",
+                clip,
+                f">= {_GRAD_CLIP_OFF:g} (= no clipping), e.g. 1e9",
+                "the server's AdamW does not clip gradients",
+            )
+        )
     optim = select(actor, "optim", {})
     name = str(select(optim, "optimizer", "AdamW"))
     if name.lower() != "adamw":
         problems.append(_refuse(f"{a}.optim.optimizer", name, "AdamW", "the server's optimizer is AdamW"))
     schedule = lr_schedule(main_config)  # the shared rule: style, warm-up, horizon
     if schedule.style != "constant" or schedule.warmup_steps > 0:
-        problems.append(_refuse(f"{a}.optim.lr_scheduler_type / lr_warmup_steps(_ratio)",
-                                f"{schedule.style} / {schedule.warmup_steps} warm-up steps", "constant / no warm-up",
-                                "the adapter sends one constant learning rate with every optim_step"))
+        problems.append(
+            _refuse(
+                f"{a}.optim.lr_scheduler_type / lr_warmup_steps(_ratio)",
+                f"{schedule.style} / {schedule.warmup_steps} warm-up steps",
+                "constant / no warm-up",
+                "the adapter sends one constant learning rate with every optim_step",
+            )
+        )
     for key in ("actor_rollout_ref.rollout.temperature",):
         temp = float(select(main_config, key, 1.0))
         if temp != 1.0:
-            problems.append(_refuse(key, temp, "1.0", "the server's forward returns log-probs at temperature 1 only, "
-                                    "so verl's old/reference log-probs could not match the sampling distribution"))
+            problems.append(
+                _refuse(
+                    key,
+                    temp,
+                    "1.0",
+                    "the server's forward returns log-probs at temperature 1 only, "
+                    "so verl's old/reference log-probs could not match the sampling distribution",
+                )
+            )
     targets = select(main_config, "actor_rollout_ref.model.target_modules", "all-linear")
     if targets != "all-linear":
-        problems.append(_refuse("actor_rollout_ref.model.target_modules", str(targets), "all-linear",
-                                "the server puts LoRA on every attention and MLP projection"))
+        problems.append(
+            _refuse(
+                "actor_rollout_ref.model.target_modules",
+                str(targets),
+                "all-linear",
+                "the server puts LoRA on every attention and MLP projection",
+            )
+        )
     if cfg.loss_fn == "importance_sampling":
         train = int(select(main_config, "data.train_batch_size", 0) or 0)
         mini = int(select(actor, "ppo_mini_batch_size", train) or train)
         epochs = int(select(actor, "ppo_epochs", 1) or 1)
         if mini != train or epochs != 1:
-            problems.append(_refuse("remote_backend.tinker.loss_fn", "importance_sampling",
-                                    "ppo; or importance_sampling with ppo_mini_batch_size == data.train_batch_size and ppo_epochs=1",
-                                    f"with {train // max(mini, 1)} mini-batch(es) x {epochs} epoch(s) later mini-batches are "
-                                    "off-policy, where verl clips the ratio and importance_sampling does not"))
+            problems.append(
+                _refuse(
+                    "remote_backend.tinker.loss_fn",
+                    "importance_sampling",
+                    "ppo; or importance_sampling with ppo_mini_batch_size == data.train_batch_size and ppo_epochs=1",
+                    f"with {train // max(mini, 1)} mini-batch(es) x {epochs} epoch(s) later mini-batches are "
+                    "off-policy, where verl clips the ratio and importance_sampling does not",
+                )
+            )
     return problems
 
 
@@ -197,7 +250,8 @@ def check_config(main_config: "DictConfig") -> None:
     problems = objective_problems(main_config, cfg)
     if problems:
         raise ConfigError(
-            "trainer.remote_backend=tinker: the Tinker server cannot reproduce verl's setting(s): " + "; ".join(problems)
+            "trainer.remote_backend=tinker: the Tinker server cannot reproduce verl's setting(s): "
+            + "; ".join(problems)
         )
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Optional
 
-from verl.remote_backend.forwarder.output_checks import check_finite_floats, check_token_ids
 from verl.remote_backend.errors import BackendOutputError
+from verl.remote_backend.forwarder.output_checks import check_finite_floats, check_token_ids
 from verl.remote_backend.results import as_generate_result
 
 __all__ = ["cap_max_tokens", "backend_sampling_params", "check_generate_result"]

@@ -16,8 +16,8 @@ from typing import Any, Optional
 from omegaconf import DictConfig
 
 from verl.remote_backend.base import destroy_backend, implements
-from verl.remote_backend.reliability.guard import BackendGuard
 from verl.remote_backend.registry import RemoteBackendRegistry
+from verl.remote_backend.reliability.guard import BackendGuard
 from verl.remote_backend.reliability.policy import ReliabilitySettings
 from verl.workers.rollout.remote_rollout.sampling import (
     backend_sampling_params,
