@@ -34,6 +34,8 @@ REQUIRED_STEP_METRICS = (
     "timing_s/gen",
     "timing_s/update_actor",
 )
+#: The same metrics under the names verl's loggers write them (MFU as ``perf/mfu/actor``).
+LOGGED_STEP_METRICS = tuple("perf/mfu/actor" if key == "actor/mfu" else key for key in REQUIRED_STEP_METRICS)
 
 
 def build_model(out_dir: Path) -> str:

@@ -32,7 +32,14 @@ import torch
 pytest.importorskip("tinker", reason="the tinker SDK is not installed: pip install 'verl-remote-backend[tinker]'")
 
 from local_backend_helpers import dense_rollout_batch, random_rollouts, to_no_padding  # noqa: E402
-from remote_e2e import REPO_ROOT, build_gsm8k, compose, run_entry, small_ci_overrides  # noqa: E402
+from remote_e2e import (  # noqa: E402
+    LOGGED_STEP_METRICS,
+    REPO_ROOT,
+    build_gsm8k,
+    compose,
+    run_entry,
+    small_ci_overrides,
+)
 from support.aio import run_async as run  # noqa: E402
 from tinker_server import API_KEY, ServerEnvUnavailable, TinkerServer, build_tiny_llama, server_venv  # noqa: E402
 
@@ -481,17 +488,6 @@ def _gsm8k_overrides(server, tmp_path, ckpt, *, steps, save_freq=-1):
     )
 
 
-STEP_METRICS = (
-    "actor/pg_loss",
-    "actor/grad_norm",
-    "perf/mfu/actor",
-    "critic/score/mean",
-    "response_length/mean",
-    "timing_s/gen",
-    "timing_s/update_actor",
-)
-
-
 def test_grpo_on_gsm8k_end_to_end_then_resume(server, tmp_path):
     ckpt = tmp_path / "ckpt"
     log_start = server.log_path.stat().st_size
@@ -506,7 +502,7 @@ def test_grpo_on_gsm8k_end_to_end_then_resume(server, tmp_path):
     assert "POST /api/v1/save_weights_for_sampler" in served and "/checkpoints" in served
     for step in (1, 2):
         data = first.step(step)
-        for key in STEP_METRICS:
+        for key in LOGGED_STEP_METRICS:
             assert key in data and math.isfinite(float(data[key])), f"step {step}: {key}={data.get(key)}"
         print(f"[tinker e2e] step {step}: timing_s/step={data.get('timing_s/step')}")
     assert max(float(first.step(s)["actor/grad_norm"]) for s in (1, 2)) > 0

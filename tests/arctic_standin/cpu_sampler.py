@@ -246,7 +246,7 @@ class SamplerReplica:
         local = {k: params[k] for k in keys if params.get(k) is not None}
         epoch = self._weights_epoch
         out = await self.actor.generate(ids, {**local, "logprobs": want})
-        tokens = list(out["token_ids"])
+        tokens = list(out.token_ids)
         result: dict[str, Any] = {
             "text": self.tokenizer.decode(tokens, skip_special_tokens=True),
             "token_ids": tokens,
@@ -256,7 +256,7 @@ class SamplerReplica:
             "prefix_cache_len": 0,
         }
         if want:
-            check = out.get("log_probs") if epoch == self._weights_epoch else None
+            check = out.log_probs if epoch == self._weights_epoch else None
             result["logprobs"] = await asyncio.to_thread(self._logprobs, ids, tokens, params, check)
         return result
 

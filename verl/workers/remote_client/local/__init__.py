@@ -1,4 +1,4 @@
-"""The ``local`` reference backend's engine: a PyTorch/transformers RL engine on one device.
+"""The ``local`` reference backend: a PyTorch/transformers RL engine on one device, and its client.
 
 It trains, scores and samples verl's batches with verl's own objective, so verl's remote path
 can run and be checked end to end without an external server. The Ray-free engine is

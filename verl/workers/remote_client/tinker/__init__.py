@@ -1,3 +1,3 @@
-"""Pieces of the ``tinker`` backend (:mod:`verl.workers.remote_client.tinker.client`): the typed
-config and start-up rules (:mod:`.config`), and verl batch <-> Tinker arrays (:mod:`.batch`).
-Neither imports the ``tinker`` SDK."""
+"""The ``tinker`` backend: the client (:mod:`.client`, on the ``tinker`` SDK), the typed config and
+start-up rules (:mod:`.config`), and verl batch <-> Tinker arrays (:mod:`.batch`); importing this
+package does not import the SDK."""
