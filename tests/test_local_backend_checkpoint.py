@@ -81,8 +81,8 @@ def test_checkpoint_then_fresh_engine_then_load_restores_the_exact_state(cfg, tm
     # Same next step: loss, metrics and parameters after one more update.
     out_a = a.update_actor(_batch(2), cfg.actor_rollout_ref.actor)
     out_b = b.update_actor(_batch(2), cfg.actor_rollout_ref.actor)
-    assert out_a["loss"] == out_b["loss"]
-    assert out_a["metrics"] == out_b["metrics"]
+    assert out_a.loss == out_b.loss
+    assert out_a.metrics == out_b.metrics
     for pa, pb in zip(a.model.parameters(), b.model.parameters()):
         assert torch.equal(pa, pb)
 
