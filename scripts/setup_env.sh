@@ -28,6 +28,19 @@ spec="$repo[$extras]"
 if [ "$extras" = "base" ]; then spec="$repo"; fi
 # Dependencies first (cached with the venv), then our own files below.
 build_cached_venv "$venv" setup "~4 min, ~6 GB" "$spec"
+if [ "$extras" = "test" ]; then
+    # Snowflake's verl plugin (arctic_platform.integrations.verl, tests/test_arctic_plugin_e2e.py)
+    # checks that arctic-platform's [verl] extra is installed, which includes arctic-inference:
+    # a source-only package (its vLLM extra, CUDA only, is not needed). Built once per cached venv.
+    if ! "$venv/bin/python" -c 'import importlib.metadata as m; m.version("arctic-inference")' 2>/dev/null; then
+        echo "[setup] building arctic-inference 0.3.0 from source (~1 min, once)" >&2
+        "$venv/bin/python" -m pip install -q nanobind==2.9.2 wheel >"$venv/arctic-inference.log" 2>&1
+        CMAKE_ARGS="-Dnanobind_DIR=$("$venv/bin/python" -m nanobind --cmake_dir)" \
+            "$venv/bin/python" -m pip install --no-build-isolation --no-deps arctic-inference==0.3.0 \
+            >>"$venv/arctic-inference.log" 2>&1 \
+            || { tail -20 "$venv/arctic-inference.log" >&2; echo "[setup] arctic-inference build failed" >&2; exit 1; }
+    fi
+fi
 # Our package changes every commit: reinstall just it (no deps, a few seconds).
 "$venv/bin/python" -m pip install -q --no-deps --force-reinstall "$repo" >&2
 # setuptools leaves build metadata in the checkout; an in-tree *.egg-info would shadow the

@@ -137,7 +137,7 @@ def test_yaml_defaults_equal_the_dataclass_defaults():
     from verl.remote_backend.settings.loader import build_settings
     from verl.workers.remote_client.local.config import LocalBackendConfig
 
-    path = os.path.join(os.path.dirname(rb.__file__), "config", "remote_backend", "local.yaml")
+    path = os.path.join(os.path.dirname(rb.__file__), "config", "backend", "local.yaml")
     with open(path) as fh:
         from_yaml = yaml.safe_load(fh)
     assert from_yaml == LocalBackendConfig().to_dict()

@@ -11,7 +11,12 @@ import verl
 
 TEST_TIER = "integration"  # starts Ray, a server, an engine or a model (tiers: tests/conftest.py)
 
-OUR_PACKAGES = ("verl/remote_backend/", "verl/workers/remote_client/", "verl/workers/rollout/remote_rollout/")
+OUR_PACKAGES = (
+    "verl/remote_backend/",
+    "verl/workers/remote_client/",
+    "verl/workers/rollout/remote_rollout/",
+    "hydra_plugins/verl_remote_backend/",  # in Hydra's plugin namespace: the search-path plugin
+)
 
 
 def _installed_files(dist: str) -> set[str]:

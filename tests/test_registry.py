@@ -176,6 +176,32 @@ def test_module_that_does_not_register_its_name_is_reported(tmp_path, monkeypatc
         RemoteBackendRegistry.get("expected-name")
 
 
+def test_a_plugin_class_takes_a_built_in_name_and_the_built_in_imported_later_leaves_it(
+    tmp_path, monkeypatch, isolated_registry
+):
+    monkeypatch.setitem(RemoteBackendRegistry.MODULES, "vrb-builtin", "vrb_builtin_mod")
+
+    class Builtin(RemoteBackend):  # stands for a built-in: its module is the MODULES entry
+        pass
+
+    Builtin.__module__ = "vrb_builtin_mod"
+
+    class Plugin(RemoteBackend):
+        pass
+
+    RemoteBackendRegistry.register("vrb-builtin")(Builtin)
+    RemoteBackendRegistry.register("vrb-builtin")(Plugin)  # the plugin takes the name over
+    assert RemoteBackendRegistry.get("vrb-builtin") is Plugin
+    RemoteBackendRegistry.register("vrb-builtin")(Builtin)  # re-imported built-in: the plugin keeps it
+    assert RemoteBackendRegistry.get("vrb-builtin") is Plugin
+
+    class OtherPlugin(RemoteBackend):
+        pass
+
+    with pytest.raises(ValueError, match="already registered"):  # two plugins still may not share a name
+        RemoteBackendRegistry.register("vrb-builtin")(OtherPlugin)
+
+
 def test_a_different_class_under_a_taken_name_is_refused(tmp_path, monkeypatch, isolated_registry):
     first = _write_backend_module(tmp_path, "taken", cls="First")
     monkeypatch.syspath_prepend(str(tmp_path))

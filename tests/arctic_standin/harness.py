@@ -13,7 +13,7 @@ from support.ports import free_port  # noqa: F401 - re-exported: the stand-in's 
 SERVER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "server.py")
 ARCTIC_YAML = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-    "verl", "remote_backend", "config", "remote_backend", "arctic.yaml",
+    "verl", "remote_backend", "config", "backend", "arctic.yaml",
 )  # fmt: skip
 
 

@@ -34,6 +34,18 @@ __all__ = [
 ]
 
 
+def __getattr__(name: str) -> Any:
+    """``from verl.remote_backend.base import RemoteBackendRegistry`` (the seed contract's path).
+
+    The registry lives in :mod:`verl.remote_backend.registry`, which imports this module, so it
+    is resolved on first access rather than at import time."""
+    if name == "RemoteBackendRegistry":
+        from verl.remote_backend.registry import RemoteBackendRegistry
+
+        return RemoteBackendRegistry
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 class RemoteBackend(abc.ABC):
     """An out-of-process RL engine driven by verl's PPO/GRPO trainer.
 

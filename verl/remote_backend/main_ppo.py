@@ -16,7 +16,8 @@ from typing import Any, Optional
 
 import hydra
 
-from verl.remote_backend.errors import RunInterruptedError
+from verl.remote_backend.errors import ConfigError, RunInterruptedError
+from verl.remote_backend.launch.backend_keys import open_third_party_keys
 from verl.remote_backend.launch.derive import derive_remote_settings, describe, explicit_override_keys
 from verl.remote_backend.launch.failure_report import failure_report, root_cause
 from verl.remote_backend.launch.interrupts import EXIT_CODE_INTERRUPTED, RunnerLauncher, interrupt_report
@@ -114,16 +115,27 @@ def run(config: Any, explicit_keys: Optional[Collection[str]] = None) -> None:
 
 
 @hydra.main(config_path="config", config_name="remote_ppo_trainer", version_base=None)
-def main(config: Any) -> None:
-    """Hydra entry point (``python -m verl.remote_backend.main_ppo``).
-
-    A failure prints :func:`~verl.remote_backend.launch.failure_report.failure_report` (cause, fix, logs)
-    before Hydra's own error line and the traceback."""
+def _hydra_main(config: Any) -> None:
     try:
         run(config, explicit_keys=_hydra_override_keys())
     except Exception as exc:
         print(failure_report(exc, run_dir=_hydra_output_dir()), file=sys.stderr, flush=True)
         raise
+
+
+def main() -> None:
+    """Entry point (``python -m verl.remote_backend.main_ppo [overrides]``): Hydra composes the
+    config from ``sys.argv``, with a third-party backend's ``remote_backend.<key>=...`` accepted
+    without ``+`` (:mod:`~verl.remote_backend.launch.backend_keys`).
+
+    A failure prints :func:`~verl.remote_backend.launch.failure_report.failure_report` (cause, fix, logs)
+    before Hydra's own error line and the traceback."""
+    try:
+        sys.argv[1:] = open_third_party_keys(sys.argv[1:])
+    except ConfigError as exc:  # before Hydra and Ray: the message is the whole story
+        print(f"[remote_backend] bad command line: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+    _hydra_main()
 
 
 def _hydra_override_keys() -> Optional[frozenset[str]]:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import logging
 import os
 import threading
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 from verl.remote_backend.base import RemoteBackend
 from verl.remote_backend.errors import BackendImportError, UnknownBackendError
@@ -24,6 +25,8 @@ __all__ = ["RemoteBackendRegistry", "ENTRY_POINT_GROUP"]
 
 ENTRY_POINT_GROUP = "verl.remote_backends"
 _EXTERNAL_MODULES_ENV = "VERL_USE_EXTERNAL_MODULES"
+
+logger = logging.getLogger(__name__)
 
 B = TypeVar("B", bound=type[RemoteBackend])
 
@@ -44,6 +47,8 @@ class RemoteBackendRegistry:
     }
 
     _classes: dict[str, type[RemoteBackend]] = {}
+    #: name -> the backend's own forwarder worker class, or a zero-argument loader returning it.
+    _workers: dict[str, "type | Callable[[], type]"] = {}
     _lock = threading.RLock()
 
     # ------------------------------------------------------------ registration
@@ -51,8 +56,10 @@ class RemoteBackendRegistry:
     def register(cls, name: str) -> Callable[[B], B]:
         """Class decorator: make ``backend_cls`` available as ``name``.
 
-        Registering the same class twice is a no-op (modules may be re-imported);
-        a *different* class under a taken name raises ``ValueError``.
+        Registering the same class twice is a no-op (modules may be re-imported); a *different*
+        class under a taken name raises ``ValueError``, except for the built-in names: a
+        plugin's class takes a built-in name over (Snowflake's plugin registers ``arctic``), and
+        the built-in class imported after it leaves the plugin's in place.
         """
         if not name or not isinstance(name, str):
             raise ValueError(f"Backend name must be a non-empty string, got {name!r}")
@@ -63,23 +70,84 @@ class RemoteBackendRegistry:
                     f"@RemoteBackendRegistry.register({name!r}) expects a RemoteBackend subclass, got {backend_cls!r}"
                 )
             with cls._lock:
+                backend_cls.name = name
                 existing = cls._classes.get(name)
                 if existing is not None and _qualname(existing) != _qualname(backend_cls):
-                    raise ValueError(
-                        f"Remote backend name {name!r} is already registered to {_qualname(existing)}; "
-                        f"refusing to register {_qualname(backend_cls)} under the same name. Pick another name."
+                    if cls.is_builtin(backend_cls, name):
+                        return backend_cls  # a plugin took this built-in name first: it keeps it
+                    if not cls.is_builtin(existing, name):
+                        raise ValueError(
+                            f"Remote backend name {name!r} is already registered to {_qualname(existing)}; "
+                            f"refusing to register {_qualname(backend_cls)} under the same name. Pick another name."
+                        )
+                    logger.warning(
+                        "remote backend %r is now served by %s (registered by a plugin) instead of the built-in %s",
+                        name,
+                        _qualname(backend_cls),
+                        _qualname(existing),
                     )
-                backend_cls.name = name
                 cls._classes[name] = backend_cls
             return backend_cls
 
         return decorator
 
     @classmethod
+    def register_worker(cls, name: str, worker: "type | Callable[[], type]") -> None:
+        """Give backend ``name`` a forwarder worker class of its own, in place of the generic one.
+
+        ``worker`` is the class or a zero-argument loader returning it (so registering stays
+        cheap; the loader runs when a run with that backend builds its workers). The class is
+        a verl ``Worker`` whose ``@register``-ed methods are the ones verl's trainer calls on
+        the actor role (``init_model``, ``compute_log_prob``, ``compute_ref_log_prob``,
+        ``update_actor``, ``update_weights``, ``save_checkpoint``, ...), built as
+        ``worker(config=<actor_rollout_ref>, role=<role>, main_config=<whole config>,
+        backend_handle=<the driver backend's reconnect_handle()>)``. Registering again replaces
+        the previous entry (plugins may be re-imported).
+        """
+        if not name or not isinstance(name, str):
+            raise ValueError(f"Backend name must be a non-empty string, got {name!r}")
+        if not callable(worker):
+            raise TypeError(f"register_worker({name!r}, ...) expects a Worker class or a loader, got {worker!r}")
+        with cls._lock:
+            cls._workers[name] = worker
+
+    @classmethod
+    def get_worker(cls, name: str) -> Optional[type]:
+        """The forwarder worker class registered for ``name``, or ``None`` (use the generic one).
+
+        Honours ``VERL_USE_EXTERNAL_MODULES`` like :meth:`get`; a loader is called once and its
+        class remembered.
+
+        Raises:
+            BackendImportError: the loader failed to import the worker's module.
+            TypeError: the loader returned something that is not a class.
+        """
+        with cls._lock:
+            if name not in cls._workers:
+                _import_external_modules()
+            entry = cls._workers.get(name)
+            if entry is None or isinstance(entry, type):
+                return entry
+            try:
+                worker_cls = entry()
+            except ImportError as exc:
+                raise BackendImportError(
+                    f"The forwarder worker registered for remote backend {name!r} failed to import: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
+            if not isinstance(worker_cls, type):
+                raise TypeError(
+                    f"The worker loader registered for remote backend {name!r} returned {worker_cls!r}, not a class"
+                )
+            cls._workers[name] = worker_cls
+            return worker_cls
+
+    @classmethod
     def unregister(cls, name: str) -> None:
-        """Forget ``name`` (tests and plugin reloads)."""
+        """Forget ``name`` and its worker (tests and plugin reloads)."""
         with cls._lock:
             cls._classes.pop(name, None)
+            cls._workers.pop(name, None)
 
     # ------------------------------------------------------------ lookup
     @classmethod
@@ -136,6 +204,11 @@ class RemoteBackendRegistry:
         return cls.get(name).from_config(main_config, **kwargs)
 
     # ------------------------------------------------------------ helpers
+    @classmethod
+    def is_builtin(cls, backend_cls: type, name: str) -> bool:
+        """Whether ``backend_cls`` is this package's own class for the built-in ``name``."""
+        return cls.MODULES.get(name) == backend_cls.__module__
+
     @classmethod
     def _import(cls, name: str, module: str) -> None:
         try:

@@ -222,10 +222,16 @@ def as_update_result(raw: Any, op: str = "update_actor") -> UpdateResult:
 
 
 def as_generate_result(raw: Any, op: str = "generate") -> GenerateResult:
-    """``raw`` as a :class:`GenerateResult`; a legacy ``{"token_ids", ...}`` dict is converted
-    with a ``DeprecationWarning``. Raises :class:`BackendOutputError` otherwise."""
+    """``raw`` as a :class:`GenerateResult`; a legacy ``{"token_ids", ...}`` dict, or a list
+    holding exactly one (the seed contract's adapters return their engine's per-prompt result
+    list for the one prompt), is converted with a ``DeprecationWarning``. Raises
+    :class:`BackendOutputError` otherwise."""
     if isinstance(raw, GenerateResult):
         return raw
+    if isinstance(raw, (list, tuple)) and raw and all(isinstance(item, Mapping) for item in raw):
+        if len(raw) != 1:
+            raise BackendOutputError(f"{op}: one prompt was sent, but the backend returned {len(raw)} results")
+        raw = raw[0]
     if not isinstance(raw, Mapping) or "token_ids" not in raw:
         raise BackendOutputError(f"{op}: expected a GenerateResult, got {_describe(raw)}")
     _legacy(op, GenerateResult)

@@ -19,6 +19,7 @@ import ray
 
 from verl.remote_backend.base import RemoteBackend, destroy_backend
 from verl.remote_backend.errors import BackendTimeoutError, ConfigError, RunInterruptedError
+from verl.remote_backend.forwarder.backend_worker import backend_worker_class
 from verl.remote_backend.launch.cpu_compat import install_flash_attn_fallback
 from verl.remote_backend.launch.interrupts import raise_if_interrupted
 from verl.remote_backend.launch.validation import (
@@ -108,6 +109,7 @@ class RemoteBackendTrainer(RayPPOTrainer):
         self.backend: Optional[RemoteBackend] = None
         self._backend_destroyed = False
         self._handle: Optional[dict[str, Any]] = None
+        self._backend_worker: Optional[type] = None  # a backend's own forwarder worker class (register_worker)
         self._forwarded_wall_s = 0.0  # driver seconds of this step's forwarded calls so far
         install_flash_attn_fallback()
 
@@ -139,8 +141,20 @@ class RemoteBackendTrainer(RayPPOTrainer):
             self._handle = self.backend.reconnect_handle()
             # The AgentLoopManager is built in this process; bind its replica class to our handle.
             register_remote_replica(self.config.actor_rollout_ref.rollout.name, self.config, self._handle)
+            own_worker = RemoteBackendRegistry.get_worker(self.plan.name)
+            if own_worker is not None:
+                self._backend_worker = own_worker
+                self.role_worker_mapping[forwarder_role(self.config)] = ray.remote(
+                    backend_worker_class(own_worker, main_config=self.config, backend_handle=self._handle)
+                )
+                print(
+                    f"[remote_backend] backend {self.plan.name!r} brings its own forwarder worker: "
+                    f"{own_worker.__module__}.{own_worker.__qualname__}",
+                    flush=True,
+                )
             super().init_workers()
-            self.actor_rollout_wg.attach_backend(self.config, self._handle)
+            if own_worker is None:  # the generic forwarder re-attaches after start; a backend's own got the handle
+                self.actor_rollout_wg.attach_backend(self.config, self._handle)
         except BaseException:
             self.destroy_backend()
             raise
@@ -203,7 +217,7 @@ class RemoteBackendTrainer(RayPPOTrainer):
             return self._backend_destroyed
         refs = []
         wg = getattr(self, "actor_rollout_wg", None)
-        if wg is not None:
+        if wg is not None and self._backend_worker is None:
             try:
                 refs += list(wg.detach_backend())  # non-blocking: one ref per forwarder
             except Exception as exc:  # noqa: BLE001 - teardown must reach backend.destroy()

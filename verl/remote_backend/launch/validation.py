@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from verl.remote_backend.base import RemoteBackend, requires_single_forwarder, supports_resume
 from verl.remote_backend.checkpoints import check_resume_checkpoint, select_resume_checkpoint
 from verl.remote_backend.errors import ConfigError
+from verl.remote_backend.launch.backend_keys import SHARED_BLOCKS, check_no_stray_backend_keys
 from verl.remote_backend.launch.data_checks import check_data_files
 from verl.remote_backend.launch.rules import check_required_settings
 from verl.remote_backend.registry import RemoteBackendRegistry
@@ -37,7 +38,7 @@ __all__ = [
 ]
 
 #: Keys of the shared ``remote_backend`` block that are not backends.
-RESERVED_BLOCKS = ("timeouts", "liveness", "retry")
+RESERVED_BLOCKS = SHARED_BLOCKS
 
 # Logical Ray CPUs the runner itself holds (verl's TaskRunner asks for one).
 _RUNNER_CPUS = 1
@@ -79,6 +80,7 @@ def validate_remote_backend_config(
         return None
     check_backend_name(name)
     backend_cls = RemoteBackendRegistry.get(name)
+    check_no_stray_backend_keys(config, name, backend_cls)
     check_required_settings(config, name, requires_single_forwarder(backend_cls))
     check_forwarder_count(config)
     check_batch_sizes(config)

@@ -1,6 +1,6 @@
 """``remote_backend.arctic.*``: the typed settings of the Arctic backend, with their constraints.
 
-Defaults live in ``verl/remote_backend/config/remote_backend/arctic.yaml`` (every
+Defaults live in ``verl/remote_backend/config/backend/arctic.yaml`` (every
 key documented there). A ``null`` there means "derive it from verl's config"
 (:mod:`.derive`). Loaded by :func:`verl.remote_backend.settings.loader.load_settings`.
 """

@@ -1,6 +1,6 @@
 """Arctic settings derived from verl's config, and the client config built from them.
 
-Defaults live in ``verl/remote_backend/config/remote_backend/arctic.yaml`` (every
+Defaults live in ``verl/remote_backend/config/backend/arctic.yaml`` (every
 key documented there). A ``null`` there means "derive it from verl's config",
 done here in one place so the derivation is testable:
 

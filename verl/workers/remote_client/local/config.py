@@ -1,7 +1,7 @@
 """Typed settings of the ``local`` backend.
 
 :class:`LocalBackendConfig` is the ``remote_backend.local.*`` block (defaults in
-``config/remote_backend/local.yaml``; keep both equal). :class:`EngineSettings` is
+``config/backend/local.yaml``; keep both equal). :class:`EngineSettings` is
 everything the engine needs, resolved once on the driver from verl's main config: a
 plain, picklable dataclass, so the engine never sees verl's config object.
 """

@@ -1,6 +1,6 @@
 """``remote_backend.tinker.*``: the typed config, and the start-up rules of the tinker backend.
 
-Defaults live in ``verl/remote_backend/config/remote_backend/tinker.yaml`` (each key documented
+Defaults live in ``verl/remote_backend/config/backend/tinker.yaml`` (each key documented
 there). Nothing here imports the ``tinker`` SDK, so the rules run on the driver in milliseconds.
 
 What a Tinker-API server computes (skyrl 0.4.0's JAX backend, read from its code and measured):

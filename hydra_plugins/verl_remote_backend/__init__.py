@@ -1,0 +1,1 @@
+"""Hydra plugin of verl-remote-backend (discovered by Hydra in the ``hydra_plugins`` namespace)."""
