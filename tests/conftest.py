@@ -226,10 +226,18 @@ _TIERS = ("unit", "integration", "e2e")
 
 def pytest_collection_modifyitems(config, items):
     """Every test gets exactly one tier marker (``-m unit`` / ``integration`` / ``e2e``): tests
-    marked ``slow`` are the e2e tier; otherwise the module's ``TEST_TIER`` (``"integration"`` for
-    a module that starts Ray, a server, an engine or a model), ``"unit"`` when it sets none."""
+    marked ``slow`` are the e2e tier; otherwise a test's own tier marker, else the module's
+    ``TEST_TIER`` (``"integration"`` for a module that starts Ray, a server, an engine or a model),
+    ``"unit"`` when it sets none."""
     for item in items:
-        tier = "e2e" if item.get_closest_marker("slow") else getattr(item.module, "TEST_TIER", "unit")
+        explicit = [tier for tier in _TIERS if item.get_closest_marker(tier)]
+        if item.get_closest_marker("slow"):
+            tier = "e2e"
+        else:
+            tier = explicit[0] if explicit else getattr(item.module, "TEST_TIER", "unit")
         if tier not in _TIERS:
             raise pytest.UsageError(f"{item.module.__name__}.TEST_TIER={tier!r}: expected one of {_TIERS}")
-        item.add_marker(tier)
+        if set(explicit) - {tier}:
+            raise pytest.UsageError(f"{item.nodeid}: marked {explicit} but its tier is {tier!r} (one tier per test)")
+        if tier not in explicit:
+            item.add_marker(tier)

@@ -1,10 +1,10 @@
 """The same batch through Snowflake's adapter and ours, against the same Arctic server.
 
-Our ``arctic`` adapter creates two identical job sets (same model, same DeepSpeed config) on a
-running stand-in; Snowflake's ``ArcticRLClientWrapper`` (from the installed arctic-platform,
-unmodified) re-attaches to the second through its own ``from_config(handle=...)``. Then, on one
-verl-shaped batch: forward log-probs at temperature 1 and at the rollout temperature, and one
-``update_actor`` each (ours on job set A, theirs on job set B) with the loss, grad norm, metric
+Our ``arctic`` adapter creates the jobs on a running stand-in; Snowflake's ``ArcticRLClientWrapper``
+(from the installed arctic-platform, unmodified) re-attaches to them through its own
+``from_config(handle=...)``. Then, on one verl-shaped batch: forward log-probs at temperature 1
+and at the rollout temperature, and one ``update_actor`` each from the same starting point (a
+checkpoint of the initial state, restored between the two) with the loss, grad norm, metric
 names and the weights after the step. Prints one JSON object (and a Markdown table with
 ``--table``). Its own process: importing Snowflake's adapter registers it as ``arctic``.
 
@@ -29,10 +29,10 @@ ROWS = 8  # 4 prompts x rollout.n 2, one mini-batch
 
 
 def _config(model: str, workdir: str, port: int) -> Any:
-    from arctic_standin.harness import compose_config
+    import arctic_platform.integrations.verl as plugin
     from omegaconf import OmegaConf, open_dict
 
-    import arctic_platform.integrations.verl as plugin
+    from arctic_standin.harness import compose_config
 
     cfg = compose_config(
         model,
@@ -54,7 +54,6 @@ def _config(model: str, workdir: str, port: int) -> Any:
 
 def _batch(vocab: int, pad: int) -> Any:
     from arctic_standin.harness import make_batch
-
     from verl.utils import tensordict_utils as tu
 
     data = make_batch(
@@ -86,12 +85,13 @@ def _response_log_probs(data: Any, packed: Any) -> Any:
     return out
 
 
-def _weights_after(backend: Any, run: Any, directory: str) -> dict[str, Any]:
+def _weights_after(backend: Any, run: Any, directory: str, *, step: int) -> dict[str, Any]:
+    """Save the job's state as verl's ``step`` under ``directory``; returns its weights."""
     import torch
 
     os.makedirs(directory, exist_ok=True)
-    run(backend.save_checkpoint(directory, 1))
-    ckpt = os.path.join(directory, "checkpoint-1")
+    run(backend.save_checkpoint(directory, step))
+    ckpt = os.path.join(directory, f"checkpoint-{step}")
     tag = open(os.path.join(ckpt, "latest")).read().strip()
     return torch.load(os.path.join(ckpt, tag, "mp_rank_00_model_states.pt"), map_location="cpu", weights_only=True)[
         "module"
@@ -99,25 +99,22 @@ def _weights_after(backend: Any, run: Any, directory: str) -> dict[str, Any]:
 
 
 def compare(model: str, workdir: str, port: int) -> dict[str, Any]:
-    import torch
     from arctic_platform.client import ArcticClientConfig
+    from arctic_platform.integrations.verl.adapter import ArcticRLClientWrapper  # theirs, unmodified
     from support.aio import run_async as run
     from transformers import AutoTokenizer
 
     from verl.utils.config import omega_conf_to_dataclass
     from verl.workers.remote_client.arctic.client import ArcticBackend  # ours, imported before theirs
 
-    from arctic_platform.integrations.verl.adapter import ArcticRLClientWrapper  # theirs, unmodified
-
     cfg = _config(model, workdir, port)
     tok = AutoTokenizer.from_pretrained(model)
     pad = tok.pad_token_id
     actor_config = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
-    ours_a = ours_b = theirs = None
+    ours_a = theirs = None
     try:
-        ours_a = ArcticBackend.from_config(cfg)
-        ours_b = ArcticBackend.from_config(cfg)
-        handle = ours_b.reconnect_handle()
+        ours_a = ArcticBackend.from_config(cfg)  # one server holds one job set
+        handle = ours_a.reconnect_handle()
         theirs = ArcticRLClientWrapper.from_config(
             cfg,
             handle={
@@ -131,7 +128,12 @@ def compare(model: str, workdir: str, port: int) -> dict[str, Any]:
         def ours_lp(temperature: float) -> Any:
             result = run(
                 ours_a.compute_log_prob(
-                    data.copy(), ref=False, calculate_entropy=False, rollout_n=2, temperature=temperature, pad_token_id=pad
+                    data.copy(),
+                    ref=False,
+                    calculate_entropy=False,
+                    rollout_n=2,
+                    temperature=temperature,
+                    pad_token_id=pad,
                 )
             )
             return _response_log_probs(data, result.log_probs)
@@ -156,12 +158,21 @@ def compare(model: str, workdir: str, port: int) -> dict[str, Any]:
         out["log_probs_t_max_abs_diff"] = float((ours_t - theirs_t)[mask].abs().max())
         out["theirs_t_vs_ours_t1_max_abs_diff"] = float((theirs_t - ours_t1)[mask].abs().max())
 
+        start = os.path.join(workdir, "start")
+        initial = _weights_after(ours_a, run, start, step=0)
         update_ours = run(
-            ours_a.update_actor(data.copy(), actor_config=actor_config, pad_token_id=pad, rollout_n=2, temperature=TEMPERATURE)
+            ours_a.update_actor(
+                data.copy(), actor_config=actor_config, pad_token_id=pad, rollout_n=2, temperature=TEMPERATURE
+            )
         )
+        after_ours = _weights_after(ours_a, run, os.path.join(workdir, "ours"), step=1)
+        run(ours_a.load_checkpoint(start, 0))  # back to the same weights and optimizer state
         update_theirs = run(
-            theirs.update_actor(data.copy(), actor_config=actor_config, pad_token_id=pad, rollout_n=2, temperature=TEMPERATURE)
+            theirs.update_actor(
+                data.copy(), actor_config=actor_config, pad_token_id=pad, rollout_n=2, temperature=TEMPERATURE
+            )
         )
+        after_theirs = _weights_after(ours_a, run, os.path.join(workdir, "theirs"), step=1)
 
         def scalar(value: Any) -> float:
             return float(value[-1] if isinstance(value, (list, tuple)) else value)
@@ -176,21 +187,14 @@ def compare(model: str, workdir: str, port: int) -> dict[str, Any]:
             "grad_norm": scalar(update_theirs["metrics"]["grad_norm"]),
             "metric_names": sorted(update_theirs["metrics"]),
         }
-        after_a = _weights_after(ours_a, run, os.path.join(workdir, "a"))
-        after_b = _weights_after(ours_b, run, os.path.join(workdir, "b"))
-        out["weights_after_max_abs_diff"] = max(float((after_a[k] - after_b[k]).abs().max()) for k in after_a)
-        from transformers import AutoModelForCausalLM
-
-        initial = AutoModelForCausalLM.from_pretrained(model, torch_dtype=torch.float32).state_dict()
-        common = [k for k in after_a if k in initial]
-        out["weights_step_max_abs"] = max(float((after_a[k] - initial[k]).abs().max()) for k in common)
+        out["weights_after_max_abs_diff"] = max(float((after_ours[k] - after_theirs[k]).abs().max()) for k in initial)
+        out["weights_step_max_abs"] = max(float((after_ours[k] - initial[k]).abs().max()) for k in initial)
         return out
     finally:
         if theirs is not None:
-            theirs._client = None  # re-attached: never shut the jobs down through their client
-        for backend in (ours_a, ours_b):
-            if backend is not None:
-                run(backend.destroy())
+            theirs._client = None  # re-attached: the jobs are ours to destroy, not their client's
+        if ours_a is not None:
+            run(ours_a.destroy())
 
 
 def table(result: dict[str, Any]) -> str:

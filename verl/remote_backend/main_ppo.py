@@ -23,6 +23,7 @@ from verl.remote_backend.launch.failure_report import failure_report, root_cause
 from verl.remote_backend.launch.interrupts import EXIT_CODE_INTERRUPTED, RunnerLauncher, interrupt_report
 from verl.remote_backend.launch.reaper import start_reaper
 from verl.remote_backend.launch.validation import backend_name, required_ray_cpus, validate_remote_backend_config
+from verl.remote_backend.registry import RemoteBackendRegistry
 
 __all__ = ["main", "run"]
 
@@ -94,9 +95,11 @@ def run(config: Any, explicit_keys: Optional[Collection[str]] = None) -> None:
 
     _ensure_ray_cpus(config)
     _seed_each_sample(config)
+    cls = plan.backend_cls
+    served_by = "" if RemoteBackendRegistry.is_builtin(cls, plan.name) else f" ({cls.__module__}.{cls.__qualname__})"
     print(
-        f"[remote_backend] backend={plan.name} forwarders={plan.num_forwarders} replicas={plan.num_replicas} "
-        f"resume_from={plan.resume_from}"
+        f"[remote_backend] backend={plan.name}{served_by} forwarders={plan.num_forwarders} "
+        f"replicas={plan.num_replicas} resume_from={plan.resume_from}"
     )
     start_reaper()  # a killed driver leaves no process of the run behind
     launcher = RunnerLauncher(ray.remote(num_cpus=1)(RemoteBackendTaskRunner))
