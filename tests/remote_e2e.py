@@ -102,6 +102,11 @@ REMOTE_BASE_OVERRIDES = (
 )
 
 
+#: Test runs start Ray without its dashboard: nothing here reads it, and on a 2-core machine its
+#: start-up costs ~10 s of every run (ray.init 17.6 s with it, 7.2 s without, measured under load).
+NO_RAY_DASHBOARD = "+ray_kwargs.ray_init.include_dashboard=false"
+
+
 def remote_base_overrides(backend: str = "local") -> list[str]:
     """:data:`REMOTE_BASE_OVERRIDES` with ``trainer.remote_backend=backend``."""
     return [f"trainer.remote_backend={backend}", *REMOTE_BASE_OVERRIDES[1:]]
@@ -147,6 +152,7 @@ def small_ci_overrides(
         f"trainer.default_local_dir={ckpt_dir}",
         "trainer.project_name=vrb_tests",
         "trainer.experiment_name=e2e",
+        NO_RAY_DASHBOARD,
     ]
 
 
@@ -327,6 +333,8 @@ def run_entry(
         }
     )
     env.update(env_extra or {})
+    if not any("include_dashboard" in item for item in overrides):
+        overrides = [*overrides, NO_RAY_DASHBOARD]
     cmd = [sys.executable, "-m", "verl.remote_backend.main_ppo", f"hydra.run.dir={workdir}/hydra", *overrides]
     peak = 0
     seen: dict = {}
