@@ -66,7 +66,7 @@ def test_servers_we_start_default_to_localhost():
     from verl.workers.remote_client.arctic.config import ArcticConfig
 
     assert ArcticConfig().host == "127.0.0.1"
-    yaml_text = (REPO_ROOT / "verl" / "remote_backend" / "config" / "remote_backend" / "arctic.yaml").read_text()
+    yaml_text = (REPO_ROOT / "verl" / "remote_backend" / "config" / "backend" / "arctic.yaml").read_text()
     assert re.search(r"^host: 127\.0\.0\.1$", yaml_text, re.M)
 
 
