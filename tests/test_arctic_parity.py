@@ -15,7 +15,7 @@ import re
 
 import pytest
 import torch
-from arctic_standin.harness import compose_config, make_batch
+from arctic_standin.harness import EIGHT_ROWS, compose_config, make_batch
 from support.aio import run_async as run
 
 pytestmark = pytest.mark.slow
@@ -52,10 +52,7 @@ def _batch(tok_vocab, pad, *, epochs, shuffle, entropy, seed=11, schedule_fields
     from verl.utils import tensordict_utils as tu
 
     data = make_batch(
-        prompt_lens=[3, 6, 2, 5, 4, 6, 3, 1],
-        response_lens=[4, 1, 5, 3, 5, 2, 5, 4],
-        prompt_width=6,
-        response_width=5,
+        **EIGHT_ROWS,
         vocab=tok_vocab,
         pad_token_id=pad,
         seed=seed,

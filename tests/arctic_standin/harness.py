@@ -73,6 +73,13 @@ def compose_config(model_path: str, ckpt_dir: str, port: int, overrides: Optiona
     return cfg
 
 
+#: 8 rows (4 prompts x rollout.n 2) of mixed prompt and response lengths, widths 6 + 5: the
+#: layout of the parity and side-by-side batches (``make_batch(**EIGHT_ROWS, ...)``).
+EIGHT_ROWS = dict(
+    prompt_lens=[3, 6, 2, 5, 4, 6, 3, 1], response_lens=[4, 1, 5, 3, 5, 2, 5, 4], prompt_width=6, response_width=5
+)
+
+
 def make_batch(
     *,
     prompt_lens: list[int],

@@ -53,14 +53,11 @@ def _config(model: str, workdir: str, port: int) -> Any:
 
 
 def _batch(vocab: int, pad: int) -> Any:
-    from arctic_standin.harness import make_batch
+    from arctic_standin.harness import EIGHT_ROWS, make_batch
     from verl.utils import tensordict_utils as tu
 
     data = make_batch(
-        prompt_lens=[3, 6, 2, 5, 4, 6, 3, 1],
-        response_lens=[4, 1, 5, 3, 5, 2, 5, 4],
-        prompt_width=6,
-        response_width=5,
+        **EIGHT_ROWS,
         vocab=vocab,
         pad_token_id=pad,
         seed=11,
