@@ -124,14 +124,14 @@ class SeededRunSpec:
     ckpt_of: str = ""
 
 
-#: ``first``/``second``: two fresh 4-step runs (same seeds -> same run). ``head`` + ``tail``: the
-#: same run interrupted after step 2 and resumed to step 4 (``trainer.resume_mode=auto``); they go
+#: ``first``: a fresh 4-step run. ``head`` + ``tail``: the same run interrupted after step 2 and
+#: resumed to step 4 (``trainer.resume_mode=auto``); ``head`` is also the second fresh run with the
+#: same seeds, compared with ``first`` on steps 1-2 and the step-2 weights. They go
 #: through ``local-resume-probe`` (tests/resume_probe_backend.py: the local backend plus a dump of
 #: the state it holds right after loading) and save every step, so test_resume_e2e can compare the
 #: restored state with the saved one on the very runs test_reproducibility_e2e compares with ``first``.
 SEEDED_RUNS = {
     "first": SeededRunSpec(steps=4),
-    "second": SeededRunSpec(steps=4),
     "head": SeededRunSpec(steps=2, backend="local-resume-probe", save_freq=1),
     "tail": SeededRunSpec(steps=4, backend="local-resume-probe", save_freq=1, resume_mode="auto", ckpt_of="head"),
 }

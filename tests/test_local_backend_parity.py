@@ -307,8 +307,12 @@ def test_update_actor_matches_verl_dp_actor(tiny_model_dir, dist_group, case):
         excess = ((ours - theirs).abs() - ulp).clamp(min=0)
         rel = excess.norm() / theirs.norm()
         # Per tensor, Adam's round-off reaches ~1e-5 either way: the padded forward gave 9.9e-6
-        # on a k_proj, the packed one 1.07e-5 on a q_proj (whole model: 4.6e-6 vs 4.8e-6).
-        assert rel < 2e-5, f"{name}: relative difference of the update beyond eps * |w| {rel:.2e}"
+        # on a k_proj, the packed one 1.07e-5 on a q_proj (whole model: 4.6e-6 vs 4.8e-6). On
+        # another Xeon the same case gave 2.78e-5 on layers.1.k_proj (every other tensor <= 6.2e-6):
+        # part of a key projection's gradient is a shift of all keys that softmax ignores, as
+        # for the key bias, so Adam rescales its round-off. Per tensor 5e-5; the model-wide bound
+        # below stays 1e-5.
+        assert rel < 5e-5, f"{name}: relative difference of the update beyond eps * |w| {rel:.2e}"
     ours, theirs = torch.cat(all_ours), torch.cat(all_theirs)
     assert (ours - theirs).norm() / theirs.norm() < 1e-5
 

@@ -6,8 +6,10 @@ sample draws from its own random stream, derived from ``data.seed`` and the samp
 identity (``verl/workers/rollout/remote_rollout/seeding.py``), so neither the order in
 which concurrent requests reach the engine nor the batch they are decoded in matters.
 
-The runs are the session's (conftest ``seeded_local_run``): the interrupted and resumed runs
-are also the ones test_resume_e2e inspects.
+The runs are the session's (conftest ``seeded_local_run``): one uninterrupted 4-step run, and the
+same run interrupted after step 2 (``head``, also the second fresh run with the same seeds: its two
+steps and its step-2 weights must equal the first run's) and resumed to step 4 (``tail``). The
+interrupted and resumed runs are also the ones test_resume_e2e inspects.
 """
 
 from __future__ import annotations
@@ -35,28 +37,28 @@ def _weights_digest(ckpt, step) -> str:
 
 @pytest.mark.timeout(2400)
 def test_same_seeds_same_run_and_resumed_equals_uninterrupted(seeded_local_run):
-    runs = {}
-    for name in ("first", "second"):
-        run = seeded_local_run(name)
-        assert run.result.returncode == 0, run.result.tail()
-        runs[name] = (run.result, run.ckpt)
-    first, ckpt_a = runs["first"]
-    second, ckpt_b = runs["second"]
+    first_run, head_run = seeded_local_run("first"), seeded_local_run("head")
+    first, ckpt_a = first_run.result, first_run.ckpt
+    head, ckpt_h = head_run.result, head_run.ckpt
+    assert first.returncode == 0, first.tail()
+    assert head.returncode == 0, head.tail()
     assert [m["step"] for m in first.metrics] == [1, 2, 3, 4]
+    assert [m["step"] for m in head.metrics] == [1, 2]
     # the runs train for real: rewards vary, the policy loss and gradient are non-zero
     assert any(float(first.step(s)["actor/grad_norm"]) > 0 for s in (1, 2, 3, 4))
     assert len({float(first.step(s)["critic/score/mean"]) for s in (1, 2, 3, 4)}) > 1
-    for step in (1, 2, 3, 4):
-        a, b = _deterministic(first.step(step)), _deterministic(second.step(step))
+
+    # two fresh runs with the same seeds (``head`` is one, stopped after step 2): same steps, same weights
+    for step in (1, 2):
+        a, b = _deterministic(first.step(step)), _deterministic(head.step(step))
         assert a.keys() == b.keys()
         different = {k: (a[k], b[k]) for k in a if a[k] != b[k] and not (_nan(a[k]) and _nan(b[k]))}
         assert not different, f"step {step}: two fresh runs with the same seeds differ in {different}"
-    assert _weights_digest(ckpt_a, 4) == _weights_digest(ckpt_b, 4)
+    assert _weights_digest(ckpt_a, 2) == _weights_digest(ckpt_h, 2)
 
-    # interrupted after step 2 (its checkpoint), then resumed to step 4
-    head_run, tail_run = seeded_local_run("head"), seeded_local_run("tail")
-    head, tail, ckpt_c = head_run.result, tail_run.result, tail_run.ckpt
-    assert head.returncode == 0, head.tail()
+    # ``head`` interrupted after step 2 (its checkpoint), then ``tail`` resumed from it to step 4
+    tail_run = seeded_local_run("tail")
+    tail, ckpt_c = tail_run.result, tail_run.ckpt
     assert tail.returncode == 0, tail.tail()
     assert [m["step"] for m in tail.metrics] == [3, 4]
     for step in (3, 4):
@@ -64,10 +66,7 @@ def test_same_seeds_same_run_and_resumed_equals_uninterrupted(seeded_local_run):
         different = {k: (a[k], c[k]) for k in a if k in c and a[k] != c[k] and not (_nan(a[k]) and _nan(c[k]))}
         assert not different, f"step {step}: the resumed run differs from the uninterrupted one in {different}"
     assert _weights_digest(ckpt_c, 4) == _weights_digest(ckpt_a, 4)
-    print(
-        f"\n[repro] 4-step runs {first.wall_s:.0f}s / {second.wall_s:.0f}s; "
-        f"resumed {head.wall_s:.0f}s + {tail.wall_s:.0f}s"
-    )
+    print(f"\n[repro] 4-step run {first.wall_s:.0f}s; the same run interrupted {head.wall_s:.0f}s + resumed {tail.wall_s:.0f}s")
 
 
 def _nan(value) -> bool:
