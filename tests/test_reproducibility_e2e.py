@@ -66,7 +66,10 @@ def test_same_seeds_same_run_and_resumed_equals_uninterrupted(seeded_local_run):
         different = {k: (a[k], c[k]) for k in a if k in c and a[k] != c[k] and not (_nan(a[k]) and _nan(c[k]))}
         assert not different, f"step {step}: the resumed run differs from the uninterrupted one in {different}"
     assert _weights_digest(ckpt_c, 4) == _weights_digest(ckpt_a, 4)
-    print(f"\n[repro] 4-step run {first.wall_s:.0f}s; the same run interrupted {head.wall_s:.0f}s + resumed {tail.wall_s:.0f}s")
+    print(
+        f"\n[repro] 4-step run {first.wall_s:.0f}s; "
+        f"the same run interrupted {head.wall_s:.0f}s + resumed {tail.wall_s:.0f}s"
+    )
 
 
 def _nan(value) -> bool:
