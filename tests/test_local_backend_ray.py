@@ -205,3 +205,29 @@ def test_engine_start_failure_surfaces_the_engine_error(ray_session, tiny_model_
     cfg = OmegaConf.create({"actor_rollout_ref": {"model": {"path": str(broken)}, "actor": {"optim": {"lr": 1e-3}}}})
     with pytest.raises(ConfigError, match="actor_rollout_ref.model.path.*not a loadable"):
         LocalBackend.from_config(cfg)
+
+
+@pytest.mark.parametrize("threads", [None, 1])
+def test_the_engine_reports_the_threads_it_was_sized_to(backend, cfg, threads):
+    """``remote_backend.local.threads`` reaches the engine's process: null = every core it may run
+    on (its CPU affinity), a number = that many. (The speed effect is measured on the main job,
+    not timed here.)"""
+    import copy
+    import os
+
+    from omegaconf import open_dict
+
+    from verl.remote_backend.registry import RemoteBackendRegistry
+
+    own = None
+    if threads is not None:
+        sized = copy.deepcopy(cfg)
+        with open_dict(sized):
+            sized.remote_backend.local.threads = threads
+        own = RemoteBackendRegistry.create("local", sized)
+    try:
+        info = run(engine_info(own or backend))
+        assert info["threads"] == (threads or len(os.sched_getaffinity(0)))
+    finally:
+        if own is not None:
+            run(own.destroy())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import time
 from typing import Any, Callable, Optional, Sequence, TypeVar
 
@@ -20,9 +21,20 @@ from .engine import LocalEngine
 from .sampler import SampleRequest
 from .transport import LogProbWire
 
-__all__ = ["EngineActor", "remote_engine_class"]
+__all__ = ["EngineActor", "remote_engine_class", "use_threads"]
 
 R = TypeVar("R", LogProbResult, UpdateResult)
+
+
+def use_threads(requested: Optional[int]) -> int:
+    """Size torch's intra-op thread pool of this process (the engine actor's, which it owns) and
+    return the size: ``requested``, or ``None`` = every core the process may run on (its CPU
+    affinity; Ray's ``OMP_NUM_THREADS``, set from the actor's ``num_cpus``, is overridden)."""
+    import torch
+
+    threads = int(requested) if requested else len(os.sched_getaffinity(0))
+    torch.set_num_threads(threads)
+    return threads
 
 
 class EngineActor:
@@ -42,6 +54,7 @@ class EngineActor:
         # A constructor error would surface as Ray's generic "actor died"; keep it and
         # raise it from info() instead, so the client can re-raise the engine's own error.
         self.init_error: Optional[BaseException] = None
+        self.threads = use_threads(settings.backend.threads)  # before the engine measures its peak
         try:
             self.engine = LocalEngine(settings)
         except Exception as exc:
@@ -58,7 +71,7 @@ class EngineActor:
     async def info(self) -> dict[str, Any]:
         if self.init_error is not None:
             raise self.init_error
-        return {**self.engine.info(), "batches_run": self.batches_run}
+        return {**self.engine.info(), "batches_run": self.batches_run, "threads": self.threads}
 
     async def compute_log_prob(
         self, data: Any, *, ref: bool, calculate_entropy: bool, temperature: float

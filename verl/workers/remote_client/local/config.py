@@ -40,6 +40,7 @@ class LocalBackendConfig:
     share_sampler_weights: bool = True
     attn_implementation: str = setting("sdpa", choices=("sdpa", "eager", "flash_attention_2", "flash_attention_3"))
     num_cpus: float = setting(1.0, gt=0)
+    threads: Optional[int] = setting(None, ge=1, fix="set it >= 1, or null for every core the engine may run on")
     max_batch_size: int = setting(64, ge=1)
     batch_wait_ms: float = setting(5.0, ge=0)
     max_model_len: Optional[int] = setting(None, ge=2, fix="set it >= 2, or null to use the model's context")
