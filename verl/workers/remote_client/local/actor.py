@@ -32,7 +32,12 @@ def use_threads(requested: Optional[int]) -> int:
     affinity; Ray's ``OMP_NUM_THREADS``, set from the actor's ``num_cpus``, is overridden)."""
     import torch
 
-    threads = int(requested) if requested else len(os.sched_getaffinity(0))
+    if requested:
+        threads = int(requested)
+    elif hasattr(os, "sched_getaffinity"):
+        threads = len(os.sched_getaffinity(0))
+    else:  # macOS: no affinity masks
+        threads = os.cpu_count() or 1
     torch.set_num_threads(threads)
     return threads
 
