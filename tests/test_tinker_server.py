@@ -381,9 +381,26 @@ def test_generate_follows_update_weights_through_a_handle(server, tmp_path):
         torch.testing.assert_close(again[0].log_probs, again[1].log_probs, rtol=0, atol=1e-6)
         assert (again[1].log_probs - lp_owner.log_probs).abs().max() > 1e-3
         asyncio.run(forwarder.destroy())
+        # the owner's destroy returns only once the server has unloaded the model (it answers the request with a
+        # future and runs it after queued forward passes): before that, a re-attached client could still compute
+        asyncio.run(owner.destroy())
+        assert _model_status(server, owner.model_id) == "unloaded"
     finally:
         asyncio.run(owner.destroy())
         asyncio.run(owner.destroy())  # idempotent
+
+
+def _model_status(server: TinkerServer, model_id: str) -> str:
+    """The server's own record of a model (``loaded``, ``unloading``, ``unloaded``...), over plain HTTP."""
+    import urllib.request
+
+    req = urllib.request.Request(
+        f"{server.base_url}/api/v1/get_info",
+        data=json.dumps({"model_id": model_id}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read())["status"]
 
 
 async def _train_towards(backend, cfg, target: int) -> None:

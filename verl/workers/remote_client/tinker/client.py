@@ -568,13 +568,24 @@ class TinkerBackend(RemoteBackend):
             return False
 
     def _unload(self) -> None:
+        """Unload the model and wait until the server has done it.
+
+        The server answers ``unload_model`` with a future and runs it later, after the forward
+        passes already queued (skyrl 0.4.0 batches model passes ahead of single requests), so a
+        client re-attached before ``destroy`` could still compute until that future completes.
+        Waiting on it makes "the owner's destroy() shut the engine down" hold when it returns.
+        """
         holder = self._service.holder
 
         async def unload() -> None:
+            from tinker.lib.api_future_impl import _APIFuture  # the SDK's own awaitable for a request's result
             from tinker.lib.client_connection_pool_type import ClientConnectionPoolType
 
+            sent = time.time()
             with holder.aclient(ClientConnectionPoolType.TRAIN) as client:
-                await client.models.unload(request=ttypes.UnloadModelRequest(model_id=self.model_id))
+                pending = await client.models.unload(request=ttypes.UnloadModelRequest(model_id=self.model_id))
+            await _APIFuture(ttypes.UnloadModelResponse, holder, pending, request_start_time=sent,
+                             request_type="UnloadModel")  # fmt: skip
 
         holder.run_coroutine_threadsafe(unload()).result(timeout=30)
 
