@@ -97,7 +97,10 @@ def verl_grpo_line_run(tmp_path_factory, small_gsm8k_assets) -> Callable[[str], 
             )
             env = {"WANDB_MODE": "offline"}
             if backend == "my-engine":
+                from third_party_adapter import TEST_TOKEN, TOKEN_KEY
+
                 env.update(external_modules_env("third_party_adapter"))
+                line = [*line, f"{TOKEN_KEY}={TEST_TOKEN}"]  # a credential: test_security greps for it
             runs[backend] = SharedRun.finished(run_entry(line, workdir=root / "run", env_extra=env), root / "ckpt")
         return runs[backend]
 

@@ -41,6 +41,7 @@ from remote_e2e import (  # noqa: E402
     small_ci_overrides,
 )
 from support.aio import run_async as run  # noqa: E402
+from support.leaks import files_holding  # noqa: E402
 from tinker_server import API_KEY, ServerEnvUnavailable, TinkerServer, build_tiny_llama, server_venv  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.tinker]
@@ -344,6 +345,7 @@ def test_generate_follows_update_weights_through_a_handle(server, tmp_path):
     try:
         handle = owner.reconnect_handle()
         assert json.loads(json.dumps(handle)) == handle  # picklable/plain
+        assert API_KEY not in json.dumps(handle) and API_KEY not in repr(owner.__dict__.get("cfg"))  # no credential
         rollout = cls.from_config(cfg, handle=handle)
         params = {"max_tokens": 12, "temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True, "seed": 5}
         out = run(rollout.generate([5, 17, 33, 99], params))
@@ -533,6 +535,10 @@ def test_grpo_on_gsm8k_end_to_end_then_resume(server, tmp_path):
     steps = [m["step"] for m in second.metrics]
     assert steps == [3], steps  # resumed after step 2, ran only step 3
     assert "tinker" in second.output
+    # the API key was on both command lines (tinker_overrides): moved to TINKER_API_KEY, printed and written nowhere
+    for entry_run in (first, second):
+        assert API_KEY not in entry_run.output
+    assert files_holding([tmp_path], API_KEY) == []
 
 
 def test_server_killed_mid_run_fails_clearly(server, tmp_path):
@@ -568,5 +574,6 @@ def test_server_killed_mid_run_fails_clearly(server, tmp_path):
         assert victim.base_url in res.output, res.tail()
         print(f"[tinker kill] run exited {ended - killed_at['t']:.1f}s after the server was killed")
         assert ended - killed_at["t"] < 30, ended - killed_at["t"]
+        assert API_KEY not in res.output and files_holding([tmp_path / "run"], API_KEY) == []  # nor in a failure
     finally:
         victim.stop()

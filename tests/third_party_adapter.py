@@ -6,13 +6,29 @@ local engine. Tests make it known to every process with verl's own hook,
 ``VERL_USE_EXTERNAL_MODULES=third_party_adapter`` (plus this directory on
 ``PYTHONPATH``) - no edit to the plugin. Every call is counted in the engine
 process's log line ``[my-engine] <op>`` so a test can see the adapter was used.
+
+It declares one credential, ``remote_backend.my_engine_token`` (a flat key, as plugins read
+theirs), read from ``MY_ENGINE_TOKEN`` when the key is null; each process prints a digest of the
+token it got, so a test can see it arrived everywhere without it being printed.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 from typing import Any, Optional
 
 from verl.remote_backend import RemoteBackend, RemoteBackendRegistry
+from verl.remote_backend.settings.loader import select
+
+#: The adapter's credential setting and its environment variable.
+TOKEN_KEY, TOKEN_ENV = "remote_backend.my_engine_token", "MY_ENGINE_TOKEN"
+#: The value the tests give it (searched for in everything a run prints or writes).
+TEST_TOKEN = "my-engine-token-5d1f0c7be93a"
+
+
+def token_digest(token: Optional[str]) -> str:
+    return "none" if not token else hashlib.sha256(token.encode()).hexdigest()[:12]
 
 
 @RemoteBackendRegistry.register("my-engine")
@@ -27,8 +43,13 @@ class MyEngineBackend(RemoteBackend):
     def from_config(cls, main_config, *, handle: Optional[dict[str, Any]] = None) -> "MyEngineBackend":
         local = RemoteBackendRegistry.get("local")
         inner = local.from_config(main_config, handle=None if handle is None else handle["inner"])
-        print(f"[my-engine] from_config owner={handle is None}", flush=True)
+        token = select(main_config, TOKEN_KEY) or os.environ.get(TOKEN_ENV)
+        print(f"[my-engine] from_config owner={handle is None} token={token_digest(token)}", flush=True)
         return cls(inner, owner=handle is None)
+
+    @classmethod
+    def secret_settings(cls) -> dict[str, str]:
+        return {TOKEN_KEY: TOKEN_ENV}
 
     def reconnect_handle(self) -> dict[str, Any]:
         return {"inner": self._inner.reconnect_handle()}

@@ -159,6 +159,16 @@ class RemoteBackend(abc.ABC):
         for what the engine cannot do. Default: nothing to check."""
 
     @classmethod
+    def secret_settings(cls) -> dict[str, str]:
+        """The backend's credential settings: ``{dotted key: environment variable}``, e.g.
+        ``{"remote_backend.tinker.api_key": "TINKER_API_KEY"}``. The entry point moves a value
+        set there into that variable (on the driver, before Hydra records the command line and
+        before verl prints the config) and leaves the key null, so the backend must read the
+        variable when the key is null. Called on the driver before Ray starts; a constant.
+        Default: none."""
+        return {}
+
+    @classmethod
     def checkpoint_problem(cls, actor_dir: str, step: Optional[int]) -> Optional[str]:
         """What is wrong with this backend's checkpoint in ``actor_dir`` (``None``: loadable).
         Resume validation asks before Ray starts. Default: no format to verify."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Collection
+from pathlib import Path
 from typing import Any, Optional
 
 import hydra
@@ -22,6 +23,7 @@ from verl.remote_backend.launch.derive import derive_remote_settings, describe, 
 from verl.remote_backend.launch.failure_report import failure_report, root_cause
 from verl.remote_backend.launch.interrupts import EXIT_CODE_INTERRUPTED, RunnerLauncher, interrupt_report
 from verl.remote_backend.launch.reaper import start_reaper
+from verl.remote_backend.launch.secrets import check_secrets_reach_workers, hide_secrets, move_secret_overrides
 from verl.remote_backend.launch.validation import backend_name, required_ray_cpus, validate_remote_backend_config
 from verl.remote_backend.registry import RemoteBackendRegistry
 
@@ -66,9 +68,11 @@ def run(config: Any, explicit_keys: Optional[Collection[str]] = None) -> None:
     """Run PPO/GRPO for a composed config.
 
     ``trainer.remote_backend=null``: verl's ``run_ppo(config)``, as ``verl.trainer.main_ppo`` runs it.
-    Otherwise: derive the keys with one valid value on the remote path and print them in one line,
-    validate on the driver before Ray starts, fill a null ``ray_init.num_cpus``, seed every rollout
-    sample from its identity, start the reaper, and run verl's ``run_ppo`` with
+    Otherwise: move the backend's credential settings into their environment variables, derive
+    the keys with one valid value on the remote path and print them in one line, validate on the
+    driver before Ray starts (a moved credential cannot reach an existing cluster), fill a null
+    ``ray_init.num_cpus``, seed every rollout sample from its identity, start the reaper, and run
+    verl's ``run_ppo`` with
     :class:`~verl.remote_backend.task_runner.RemoteBackendTaskRunner`. Ctrl-C tears the backend
     down, prints how to resume and exits with 130.
 
@@ -83,6 +87,7 @@ def run(config: Any, explicit_keys: Optional[Collection[str]] = None) -> None:
 
     auto_set_device(config)
     config = migrate_legacy_reward_impl(config)
+    _hide_backend_secrets(config)
     derived = derive_remote_settings(config, explicit_keys)
     if derived:
         print(describe(backend_name(config), derived), flush=True)
@@ -93,6 +98,7 @@ def run(config: Any, explicit_keys: Optional[Collection[str]] = None) -> None:
 
     from verl.remote_backend.task_runner import RemoteBackendTaskRunner
 
+    check_secrets_reach_workers(config)
     _ensure_ray_cpus(config)
     _seed_each_sample(config)
     cls = plan.backend_cls
@@ -117,6 +123,19 @@ def run(config: Any, explicit_keys: Optional[Collection[str]] = None) -> None:
         raise SystemExit(EXIT_CODE_INTERRUPTED) from None
 
 
+def _hide_backend_secrets(config: Any) -> None:
+    """Move the selected backend's credential settings out of ``config`` (``launch/secrets.py``)
+    before anything prints it; an unknown backend is left to validation to report."""
+    name = backend_name(config)
+    if name is None:
+        return
+    try:
+        backend_cls = RemoteBackendRegistry.get(name)
+    except Exception:  # noqa: BLE001 - validation raises it with the known names and the fix
+        return
+    hide_secrets(config, backend_cls, _hydra_record_dir())
+
+
 @hydra.main(config_path="config", config_name="remote_ppo_trainer", version_base=None)
 def _hydra_main(config: Any) -> None:
     try:
@@ -129,12 +148,14 @@ def _hydra_main(config: Any) -> None:
 def main() -> None:
     """Entry point (``python -m verl.remote_backend.main_ppo [overrides]``): Hydra composes the
     config from ``sys.argv``, with a third-party backend's ``remote_backend.<key>=...`` accepted
-    without ``+`` (:mod:`~verl.remote_backend.launch.backend_keys`).
+    without ``+`` (:mod:`~verl.remote_backend.launch.backend_keys`) and the selected backend's
+    credential settings moved out of it into their environment variables
+    (:mod:`~verl.remote_backend.launch.secrets`).
 
     A failure prints :func:`~verl.remote_backend.launch.failure_report.failure_report` (cause, fix, logs)
     before Hydra's own error line and the traceback."""
     try:
-        sys.argv[1:] = open_third_party_keys(sys.argv[1:])
+        sys.argv[1:] = move_secret_overrides(open_third_party_keys(sys.argv[1:]))
     except ConfigError as exc:  # before Hydra and Ray: the message is the whole story
         print(f"[remote_backend] bad command line: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
@@ -156,6 +177,18 @@ def _hydra_output_dir() -> Optional[str]:
 
         return str(HydraConfig.get().runtime.output_dir)
     except Exception:  # noqa: BLE001 - only used in messages
+        return None
+
+
+def _hydra_record_dir() -> Optional[Path]:
+    """Where Hydra wrote the composed config and the overrides (``<run dir>/.hydra``), if it did."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        hydra_cfg = HydraConfig.get()
+        sub = hydra_cfg.output_subdir
+        return None if sub is None else Path(hydra_cfg.runtime.output_dir) / str(sub)
+    except Exception:  # noqa: BLE001 - not under Hydra: nothing was written
         return None
 
 

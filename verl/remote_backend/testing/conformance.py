@@ -31,6 +31,7 @@ from verl.remote_backend.base import (
 from verl.remote_backend.errors import BackendClosedError
 from verl.remote_backend.forwarder.metrics import metric_scalar
 from verl.remote_backend.forwarder.output_checks import check_log_prob_output
+from verl.remote_backend.launch.secrets import declared_secrets
 from verl.remote_backend.registry import RemoteBackendRegistry
 from verl.remote_backend.reliability.policy import is_retryable
 from verl.remote_backend.results import GenerateResult, LogProbResult, UpdateResult
@@ -112,7 +113,8 @@ CHECKS: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "7.wrong-dtype": ("a batch with float token ids raises a plain exception that survives pickling, not retried", ()),
     "8.capabilities": (
-        "optional capabilities that are present work (health, log_location, batch refs, sleep/wake, device, timing)",
+        "optional capabilities that are present work (health, log_location, batch refs, sleep/wake, device, timing, "
+        "secret_settings)",
         ("2.layout",),
     ),
 }
@@ -770,6 +772,7 @@ class _Kit:
         probe("timing (compute_s)", self.seen.get("compute_s") is not None)
         probe("check_config", implements(self.cls, "check_config"), lambda: self.cls.check_config(self.cfg))
         probe("checkpoint_problem", implements(self.cls, "checkpoint_problem"))
+        probe("secret_settings", implements(self.cls, "secret_settings"), lambda: declared_secrets(self.cls))
         probe("resume", supports_resume(self.cls))
         if problems:
             raise CheckFailed("; ".join(problems))

@@ -63,6 +63,7 @@ from verl.remote_backend.settings.loader import select
 from verl.remote_backend.update_schedule import optimizer_step_rows, read_update_schedule
 from verl.workers.remote_client.tinker import batch as tb
 from verl.workers.remote_client.tinker.config import (
+    SECRET_SETTINGS,
     TinkerConfig,
     adam_params,
     check_config,
@@ -231,6 +232,11 @@ class TinkerBackend(RemoteBackend):
         """Refuse, before Ray starts, what the server cannot reproduce (optional capability); see
         :mod:`.tinker.config`. Raises :class:`ConfigError` naming key, value, supported values, why."""
         check_config(main_config)
+
+    @classmethod
+    def secret_settings(cls) -> dict[str, str]:
+        """The API key, read from ``TINKER_API_KEY`` when ``remote_backend.tinker.api_key`` is null."""
+        return dict(SECRET_SETTINGS)
 
     @classmethod
     def checkpoint_problem(cls, actor_dir: str, step: Optional[int]) -> Optional[str]:

@@ -34,12 +34,24 @@ from verl.remote_backend.settings.verl_config import lr_schedule, max_grad_norm
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-__all__ = ["TinkerConfig", "CONFIG_KEY", "load_tinker_config", "check_config", "SUPPORTED_LOSS_FNS", "adam_params"]
+__all__ = [
+    "TinkerConfig",
+    "CONFIG_KEY",
+    "SECRET_SETTINGS",
+    "load_tinker_config",
+    "check_config",
+    "SUPPORTED_LOSS_FNS",
+    "adam_params",
+]
 
 SUPPORTED_LOSS_FNS = ("ppo", "importance_sampling")
 #: Where the block sits in verl's main config.
 CONFIG_KEY = "remote_backend.tinker"
 _LOCAL_API_KEY = "tml-verl-remote-backend"
+#: Where the API key is read when ``api_key`` is null (the entry point moves a value set there).
+API_KEY_ENV = "TINKER_API_KEY"
+#: The credential settings (``RemoteBackend.secret_settings``): kept out of everything verl prints or writes.
+SECRET_SETTINGS = {f"{CONFIG_KEY}.api_key": API_KEY_ENV}
 #: a max gradient norm at or above this never clips: what "no clipping" means for this server
 _GRAD_CLIP_OFF = 1e6
 
@@ -58,7 +70,7 @@ class TinkerConfig:
     """``remote_backend.tinker.*`` (see tinker.yaml for each key's meaning)."""
 
     base_url: str = "http://127.0.0.1:8000"
-    api_key: Optional[str] = None
+    api_key: Optional[str] = field(default=None, repr=False)  # a credential: never in a repr or an error
     base_model: Optional[str] = None
     max_lora_rank: int = setting(32, ge=1)
     server_lora_alpha: float = setting(32.0, gt=0)
@@ -84,7 +96,7 @@ class TinkerConfig:
             )  # fmt: skip
 
     def resolved_api_key(self) -> str:
-        return self.api_key or os.environ.get("TINKER_API_KEY") or _LOCAL_API_KEY
+        return self.api_key or os.environ.get(API_KEY_ENV) or _LOCAL_API_KEY
 
 
 def load_tinker_config(main_config: "DictConfig") -> TinkerConfig:
