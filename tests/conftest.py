@@ -125,6 +125,7 @@ class SeededRunSpec:
     save_freq: int = 2
     resume_mode: str = "disable"
     ckpt_of: str = ""
+    extra: tuple[str, ...] = ()
 
 
 #: ``first``: a fresh 4-step run. ``head`` + ``tail``: the same run interrupted after step 2 and
@@ -137,6 +138,8 @@ SEEDED_RUNS = {
     "first": SeededRunSpec(steps=4),
     "head": SeededRunSpec(steps=2, backend="local-resume-probe", save_freq=1),
     "tail": SeededRunSpec(steps=4, backend="local-resume-probe", save_freq=1, resume_mode="auto", ckpt_of="head"),
+    # ``head`` with verl's bypass mode (old log-probs = the sampler's): test_bypass_mode_e2e compares the two
+    "bypass": SeededRunSpec(steps=2, save_freq=1, extra=("algorithm.rollout_correction.bypass_mode=true",)),
 }
 
 
@@ -158,6 +161,7 @@ def seeded_overrides(assets: dict[str, str], ckpt: Path, spec: SeededRunSpec) ->
         "actor_rollout_ref.actor.optim.lr=1e-3",
         f"reward.custom_reward_function.path={TESTS_DIR / 'toy_reward.py'}",
         "reward.custom_reward_function.name=digit_share",
+        *spec.extra,
     ]
 
 

@@ -300,3 +300,45 @@ def test_local_engine_on_cuda_without_a_gpu_fails_before_ray_instead_of_waiting(
     validate_remote_backend_config(
         compose(_with("remote_backend.local.device=cuda", "+ray_kwargs.ray_init.address=auto"))
     )
+
+
+# --------------------------------------------------------------------------- verl's bypass mode
+_BYPASS = "algorithm.rollout_correction.bypass_mode=true"
+
+
+def test_bypass_mode_is_accepted_on_the_local_engine_and_asks_the_sampler_for_log_probs():
+    from verl.remote_backend.launch.derive import derive_remote_settings
+
+    config = compose(_with(_BYPASS))
+    derived = {d.key: d.after for d in derive_remote_settings(config)}
+    assert derived.get("actor_rollout_ref.rollout.calculate_log_probs") is True
+    assert validate_remote_backend_config(config).name == "local"
+    # without the switch's help (a launcher that skips the entry point), validation names the key
+    message = _refused_by_validation(_with(_BYPASS, "actor_rollout_ref.rollout.calculate_log_probs=false"))
+    assert message.startswith("actor_rollout_ref.rollout.calculate_log_probs=False"), message
+    with pytest.raises(ConfigError, match=r"calculate_log_probs=False was set explicitly"):
+        run(compose(_with(_BYPASS, "actor_rollout_ref.rollout.calculate_log_probs=false")),
+            explicit_keys={"actor_rollout_ref.rollout.calculate_log_probs"})  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "change, setting, needle",
+    [
+        ("remote_backend.local.sampler_dtype=bfloat16", "algorithm.rollout_correction.bypass_mode", "sampler_dtype"),
+        ("remote_backend.local.autocast_dtype=bfloat16", "algorithm.rollout_correction.bypass_mode", "autocast"),
+        ("algorithm.rollout_correction.loss_type=reinforce", "algorithm.rollout_correction.loss_type", "REINFORCE"),
+        ("algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is", "weights"),
+        ("algorithm.rollout_correction.rollout_rs=token_k1", "algorithm.rollout_correction.rollout_rs", "rejection"),
+        ("actor_rollout_ref.actor.policy_loss.loss_mode=gspo", "actor_rollout_ref.actor.policy_loss.loss_mode", "gspo"),
+    ],
+)
+def test_bypass_mode_where_it_would_change_training_is_refused_before_ray(change, setting, needle):
+    message = _fails_before_workers(_with(_BYPASS, change))
+    assert message.startswith(setting), message
+    assert needle in message and "Fix:" in message and "bypass_mode=false" in message
+
+
+def test_bypass_mode_on_a_backend_that_does_not_vouch_for_its_sampler_is_refused(no_resume_backend):
+    message = _fails_before_workers(_with(f"trainer.remote_backend={no_resume_backend}", _BYPASS))
+    assert message.startswith("algorithm.rollout_correction.bypass_mode=True"), message
+    assert "does not declare that its sampler's log-probs equal its trainer's" in message

@@ -17,8 +17,8 @@
 # Every knob is explained in examples/gsm8k_remote/README.md. Environment overrides:
 #   WORK_DIR (outputs/gsm8k_grpo_local), STEPS (4), BATCH (4 prompts), ROLLOUT_N (4 samples/prompt),
 #   PROMPT_LEN (256), RESPONSE_LEN (128), LR (1e-5), SAVE_FREQ (2: a checkpoint every 2 steps, so
-#   Ctrl-C loses at most 2 steps), VERBOSE (0), PYTHON_BIN (use this interpreter instead of the
-#   managed environment of step 1).
+#   Ctrl-C loses at most 2 steps), BYPASS (true: old log-probs are the sampler's, no recompute),
+#   VERBOSE (0), PYTHON_BIN (use this interpreter instead of the managed environment of step 1).
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -72,6 +72,7 @@ cd "$work"
     hydra.run.dir="$work/hydra" \
     trainer.remote_backend=local \
     algorithm.adv_estimator=grpo \
+    algorithm.rollout_correction.bypass_mode="${BYPASS:-true}" \
     data.train_files="$work/data/train.parquet" \
     data.val_files="$work/data/test.parquet" \
     data.train_batch_size="$batch" \

@@ -159,6 +159,16 @@ class RemoteBackend(abc.ABC):
         for what the engine cannot do. Default: nothing to check."""
 
     @classmethod
+    def rollout_log_prob_problem(cls, main_config: "DictConfig") -> Optional[str]:
+        """Why the log-probs ``generate`` returns may differ from what ``compute_log_prob`` gives
+        for the same tokens in this run, or ``None`` when they are the same computation (same
+        weights version, temperature scaling and full-vocabulary softmax, float32 noise at most).
+        ``None`` lets verl's bypass mode (``algorithm.rollout_correction.bypass_mode=true``) use
+        the sampler's log-probs as old log-probs and skip the recompute. Called on the driver
+        before Ray starts. Default: not declared, so bypass mode is refused."""
+        return f"{cls.__qualname__} does not declare that its sampler's log-probs equal its trainer's"
+
+    @classmethod
     def secret_settings(cls) -> dict[str, str]:
         """The backend's credential settings: ``{dotted key: environment variable}``, e.g.
         ``{"remote_backend.tinker.api_key": "TINKER_API_KEY"}``. The entry point moves a value

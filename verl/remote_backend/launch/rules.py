@@ -99,6 +99,15 @@ def required_settings(config: "DictConfig", name: str, single_forwarder: bool) -
         for key in _PARALLEL_SIZES
         if select(config, key) is not None
     ]
+    if select(config, "algorithm.rollout_correction.bypass_mode", False):
+        rules.append(
+            RequiredSetting(
+                "actor_rollout_ref.rollout.calculate_log_probs",
+                True,
+                "algorithm.rollout_correction.bypass_mode=true uses the sampler's log-probs as old log-probs",
+                refuse_explicit=lambda v: v is False,
+            )
+        )
     if single_forwarder:
         reason = (
             f"backend {name!r} owns its parallelism: exactly one CPU forwarder (its devices: remote_backend.{name}.*)"

@@ -19,6 +19,7 @@ from verl.remote_backend.base import RemoteBackend, requires_single_forwarder, s
 from verl.remote_backend.checkpoints import check_resume_checkpoint, select_resume_checkpoint
 from verl.remote_backend.errors import ConfigError
 from verl.remote_backend.launch.backend_keys import SHARED_BLOCKS, check_no_stray_backend_keys
+from verl.remote_backend.launch.bypass_mode import check_bypass_mode
 from verl.remote_backend.launch.data_checks import check_data_files
 from verl.remote_backend.launch.rules import check_required_settings
 from verl.remote_backend.registry import RemoteBackendRegistry
@@ -95,6 +96,7 @@ def validate_remote_backend_config(
     if scan_files:
         check_data_files(config, tokenizer=_length_tokenizer(config, local_model))
     check_backend_rules(backend_cls, config)
+    check_bypass_mode(config, backend_cls)
     resume_from = resume_checkpoint(config, name, backend_cls, verify_files=scan_files) if check_resume else None
     return RemoteRunPlan(
         backend_cls=backend_cls,

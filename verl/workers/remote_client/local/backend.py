@@ -79,6 +79,26 @@ class LocalBackend(RemoteBackend):
             )
 
     @classmethod
+    def rollout_log_prob_problem(cls, main_config: "DictConfig") -> Optional[str]:
+        """The sampler decodes with the trainer's weights (shared, or copied at every
+        ``update_weights``) and returns ``log_softmax(logits / T)`` of the full vocabulary before
+        top-k/top-p, which is what ``compute_log_prob`` computes at ``T``: the same computation
+        (a KV-cache decode against one packed forward: float32 noise, 4.8e-7 measured by the
+        conformance kit) unless the two run in different precisions."""
+        cfg = load_settings(LocalBackendConfig, main_config, CONFIG_KEY)
+        if cfg.sampler_dtype not in (None, cfg.dtype):
+            return (
+                f"{CONFIG_KEY}.sampler_dtype={cfg.sampler_dtype} samples in another precision than the trainer's "
+                f"{CONFIG_KEY}.dtype={cfg.dtype}"
+            )
+        if cfg.autocast_dtype is not None:
+            return (
+                f"{CONFIG_KEY}.autocast_dtype={cfg.autocast_dtype} runs the trainer's forward under autocast, "
+                "the sampler's not"
+            )
+        return None
+
+    @classmethod
     def checkpoint_problem(cls, actor_dir: str, step: Optional[int]) -> Optional[str]:
         """Resume validation (optional capability): does ``actor_dir`` match its manifest, file by file?"""
         return local_checkpoint.checkpoint_problem(actor_dir, step)
