@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create (or reuse) the project's Python 3.12 virtual environment and install
-# verl-remote-backend into it with the extras given as $1 (default: "test"; "base" = no extra:
-# what the main job needs, without arctic-platform and deepspeed).
+# verl-remote-backend into it with the extras given as $1 (default: "test"; "base" = what the
+# main job needs: the package and its [examples] extra, without arctic-platform and deepspeed).
 #
 # The environment lives outside the checkout, keyed by a hash of pyproject.toml's dependencies,
 # so a repeat run with unchanged dependencies only reinstalls our own files
@@ -25,7 +25,7 @@ key="$(echo "$deps" | sha256sum | cut -c1-12)-${extras//[^a-z,]/}"
 venv="${VRB_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/verl-remote-backend/venv-$key}"
 
 spec="$repo[$extras]"
-if [ "$extras" = "base" ]; then spec="$repo"; fi
+if [ "$extras" = "base" ]; then spec="$repo[examples]"; fi
 # Dependencies first (cached with the venv), then our own files below.
 build_cached_venv "$venv" setup "~4 min, ~6 GB" "$spec"
 if [ "$extras" = "test" ]; then

@@ -81,8 +81,9 @@ def test_the_summary_prints_samples_and_writes_the_plot(tmp_path, capsys):
     assert "step 1 reward 1.00 (answer 2): answer 2 #### 2" in out and "step 3 reward 0.00" in out
     from PIL import Image
 
-    with Image.open(tmp_path / "metrics.png") as image:
-        assert image.size == (900, 220) and len(set(image.getdata())) > 2  # drawn on, not blank
+    with Image.open(tmp_path / "metrics.png") as image:  # matplotlib's figure: 4 panels of 4 x 3.2 in at 100 dpi
+        assert image.size == (1600, 320) and len(set(image.get_flattened_data())) > 2  # drawn on, not blank
+    assert f"plot: {tmp_path / 'metrics.png'}" in out
 
 
 # ---------------------------------------------------------------- the real model
@@ -137,9 +138,27 @@ def test_the_main_job_script_trains_the_real_model_quietly_and_leaves_a_plot_and
     assert any(" reward " in line and "(answer " in line for line in console)
     work = tmp_path / "work"
     assert (work / "metrics.png").stat().st_size > 0 and (work / "run.log").stat().st_size > 0
+    # verl's tensorboard logger wrote its event file where the summary says
+    assert list((work / "tensorboard").glob("events.out.tfevents.*")), sorted(p.name for p in work.iterdir())
+    assert f"tensorboard --logdir {work / 'tensorboard'}" in "\n".join(console)
+    # bypass mode (the script's default): the sampler's log-probs were the old log-probs, no recompute phase
+    assert "calculate_log_probs=True" in (work / "run.log").read_text()
     export = work / "checkpoints" / "global_step_2" / "actor" / "huggingface"
     tokenizer = AutoTokenizer.from_pretrained(export)
     model = AutoModelForCausalLM.from_pretrained(export)
     ids = tokenizer("2+2=", return_tensors="pt")["input_ids"]
     assert ids.shape[1] > 0
     assert model.generate(ids, max_new_tokens=3, do_sample=False).shape[1] > ids.shape[1]
+
+
+def test_a_main_job_that_fails_shows_why_on_the_console(tmp_path):
+    """A failure the console filter does not recognise (Hydra's own override error here) still
+    reaches the console: the script prints the end of run.log and exits with the run's code."""
+    env = dict(os.environ, WORK_DIR=str(tmp_path / "work"), STEPS="1", PYTHON_BIN=sys.executable)
+    proc = subprocess.run(
+        ["bash", str(EXAMPLE / "run_gsm8k_grpo_local.sh"), "tiny", "not a valid override"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "[gsm8k-local] the run failed (exit" in proc.stderr, proc.stdout + proc.stderr
+    assert "override_grammar" in proc.stderr and "not a valid override" in proc.stderr  # Hydra's message, from run.log

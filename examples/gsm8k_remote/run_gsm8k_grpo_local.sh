@@ -53,13 +53,15 @@ if [ "$model_path" = "tiny" ]; then
         "$python" -m verl.remote_backend.testing.tiny_model "$model_path" >>"$work/prepare.log" 2>&1
     fi
 elif [ -z "$model_path" ]; then
-    model_path="$("$python" "$here/prepare_model.py" 2>>"$work/prepare.log")"
+    # the path is the last line printed (an imported library may print a line of its own first)
+    model_path="$("$python" "$here/prepare_model.py" 2>>"$work/prepare.log" | tail -n 1)"
 fi
 echo "[gsm8k-local] model: $model_path"
 
 metrics="$work/metrics.jsonl"
 rm -rf "$metrics" "$work/rollouts" "$work/run.log"
-export VERL_FILE_LOGGER_PATH="$metrics" TOKENIZERS_PARALLELISM=false
+rm -rf "$work/tensorboard"
+export VERL_FILE_LOGGER_PATH="$metrics" TENSORBOARD_DIR="$work/tensorboard" TOKENIZERS_PARALLELISM=false
 if [ "${VERBOSE:-0}" = "1" ]; then
     show=(tee -a "$work/run.log")
 else
@@ -93,7 +95,7 @@ cd "$work"
     reward.custom_reward_function.path="$here/gsm8k_reward.py" \
     reward.custom_reward_function.name=gsm8k_shaped \
     remote_backend.local.device=cpu \
-    trainer.logger='[console,file]' \
+    trainer.logger='[console,file,tensorboard]' \
     trainer.project_name=verl_remote_backend \
     trainer.experiment_name=gsm8k_grpo_local \
     trainer.default_local_dir="$work/checkpoints" \
@@ -103,6 +105,12 @@ cd "$work"
     trainer.test_freq=-1 \
     trainer.save_freq="${SAVE_FREQ:-2}" \
     trainer.total_training_steps="$steps" \
-    "$@" 2>&1 | "${show[@]}"
+    "$@" 2>&1 | "${show[@]}" || status=$?
+if [ "${status:-0}" -ne 0 ]; then
+    # the console filter shows failures it recognises; whatever else ended the run is at the log's end
+    echo "[gsm8k-local] the run failed (exit $status); the end of $work/run.log:" >&2
+    tail -n 20 "$work/run.log" >&2
+    exit "$status"
+fi
 
 "$python" "$here/summarize_run.py" "$work"

@@ -4,8 +4,8 @@
 
 Reads ``WORK_DIR/metrics.jsonl`` (verl's ``file`` logger), ``WORK_DIR/rollouts/<step>.jsonl``
 (verl's ``trainer.rollout_data_dir`` dump) and ``WORK_DIR/checkpoints``; writes
-``WORK_DIR/metrics.png`` (reward, response length and policy loss per step; needs Pillow, which
-verl's tensorboard dependency brings).
+``WORK_DIR/metrics.png`` (reward, response length, policy loss and step time per step, drawn with
+matplotlib) and names verl's tensorboard log folder, ``WORK_DIR/tensorboard``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,13 @@ COLUMNS = {
     "timing_s/update_actor": "update_s",
     "timing_s/step": "step_s",
 }
-PLOTTED = ("critic/score/mean", "response_length/mean", "actor/pg_loss")
+#: Plotted metrics and their axis labels.
+PLOTTED = {
+    "critic/score/mean": "mean reward",
+    "response_length/mean": "mean response length (tokens)",
+    "actor/pg_loss": "policy loss",
+    "timing_s/step": "step time (s)",
+}
 
 
 def training_rows(metrics_path: Path) -> list[dict]:
@@ -51,44 +57,27 @@ def print_samples(rollout_dir: Path, step: int, count: int = 2) -> None:
         print(f"  step {step} reward {float(sample.get('score', 0.0)):.2f} (answer {sample.get('gts')}): {text[:160]}")
 
 
-def write_plot(rows: list[dict], path: Path) -> bool:
-    """Three small line charts side by side; ``False`` when Pillow is missing."""
-    try:
-        from PIL import Image, ImageDraw
-    except ImportError:
-        return False
-    width, height, pad = 300, 220, 36
-    image = Image.new("RGB", (width * len(PLOTTED), height), "white")
-    draw = ImageDraw.Draw(image)
+def write_plot(rows: list[dict], path: Path) -> None:
+    """One matplotlib figure, a panel per :data:`PLOTTED` metric against the training step, with
+    axis labels; written to ``path`` (PNG) without a display (Agg backend)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
     steps = [row["step"] for row in rows]
-    for panel, key in enumerate(PLOTTED):
-        left = panel * width
+    fig, axes = plt.subplots(1, len(PLOTTED), figsize=(4 * len(PLOTTED), 3.2), constrained_layout=True)
+    for ax, (key, label) in zip(axes, PLOTTED.items()):
         values = [float(row["data"].get(key, float("nan"))) for row in rows]
-        finite = [v for v in values if v == v]
-        draw.text((left + pad, 8), key, fill="black")
-        draw.rectangle([left + pad, pad, left + width - 12, height - pad], outline="black")
-        if not finite:
-            continue
-        low, high = min(finite), max(finite)
-        span = (high - low) or 1.0
-        first, last = min(steps), max(steps)
-
-        def point(step: int, value: float) -> tuple[float, float]:
-            x = left + pad + (step - first) / max(last - first, 1) * (width - 12 - pad)
-            y = height - pad - (value - low) / span * (height - 2 * pad)
-            return x, y
-
-        points = [point(s, v) for s, v in zip(steps, values) if v == v]
-        if len(points) > 1:
-            draw.line(points, fill="blue", width=2)
-        for x, y in points:
-            draw.ellipse([x - 3, y - 3, x + 3, y + 3], fill="blue")
-        draw.text((left + 2, pad - 4), f"{high:.3g}", fill="black")
-        draw.text((left + 2, height - pad - 8), f"{low:.3g}", fill="black")
-        draw.text((left + pad, height - pad + 6), f"step {first}", fill="black")
-        draw.text((left + width - 60, height - pad + 6), f"step {last}", fill="black")
-    image.save(path)
-    return True
+        ax.plot(steps, values, marker="o")
+        ax.set_title(key, fontsize=9)
+        ax.set_xlabel("training step")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    fig.suptitle("GRPO on gsm8k, local backend")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def main(argv: list[str]) -> int:
@@ -107,8 +96,11 @@ def main(argv: list[str]) -> int:
     ckpt = work / "checkpoints"
     tracker = ckpt / "latest_checkpointed_iteration.txt"
     print(f"[gsm8k-local] metrics: {metrics}")
-    if write_plot(rows, plot):
-        print(f"[gsm8k-local] plot: {plot}")
+    write_plot(rows, plot)
+    print(f"[gsm8k-local] plot: {plot}")
+    tensorboard = work / "tensorboard"
+    if tensorboard.is_dir():
+        print(f"[gsm8k-local] tensorboard: tensorboard --logdir {tensorboard}")
     if tracker.exists():
         step_dir = ckpt / f"global_step_{tracker.read_text().strip()}"
         print(f"[gsm8k-local] checkpoint: {step_dir} (Hugging Face export: {step_dir / 'actor' / 'huggingface'})")

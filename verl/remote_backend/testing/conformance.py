@@ -773,6 +773,11 @@ class _Kit:
         probe("check_config", implements(self.cls, "check_config"), lambda: self.cls.check_config(self.cfg))
         probe("checkpoint_problem", implements(self.cls, "checkpoint_problem"))
         probe("secret_settings", implements(self.cls, "secret_settings"), lambda: declared_secrets(self.cls))
+        probe(
+            "rollout_log_prob_problem",
+            implements(self.cls, "rollout_log_prob_problem"),
+            lambda: _require_str_or_none(self.cls.rollout_log_prob_problem(self.cfg)),
+        )
         probe("resume", supports_resume(self.cls))
         if problems:
             raise CheckFailed("; ".join(problems))
@@ -892,6 +897,11 @@ def _pad_rows(rows: Sequence[torch.Tensor], width: int) -> torch.Tensor:
 def _require_str(value: Any) -> None:
     if not isinstance(value, str) or not value:
         raise CheckFailed(f"log_location() returned {value!r}, expected a non-empty str")
+
+
+def _require_str_or_none(value: Any) -> None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise CheckFailed(f"rollout_log_prob_problem() returned {value!r}, expected None or a non-empty str")
 
 
 def _response(vocab: int, *, seed: int, length: int = 6) -> list[int]:
