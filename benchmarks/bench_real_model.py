@@ -135,6 +135,7 @@ def _run(
         return independent_forward_flops(config, seqlens) * (1 if forward_only else 3) / seconds / peak
 
     results = [*_sampling(engine, ids[:prompts], max_tokens, frac, where, repeats)]
+    results += _low_precision_sampling(engine, model, ids[:prompts], max_tokens, where, repeats)
     results += _prefill(engine, ids[:prefill_prompts], frac, where, repeats)
     results += _requests(engine, ids[: max(1, prefill_prompts // 4)], frac, where)
     results += _training(engine, ids[:train_rows], max_tokens, micro_batch, frac, counter, where, repeats)
@@ -176,6 +177,60 @@ def _sampling(engine: Any, ids: list[list[int]], max_tokens: int, frac: Any, whe
             note=f"{where}; matmul-rate fraction engine {frac(seqlens, t_engine, forward_only=True):.2f}, "
             f"HF {frac(seqlens, t_hf, forward_only=True):.2f}; {same}/{len(ids)} rows token-identical to HF's "
             "left-padded batch",
+        )
+    ]
+
+
+def _low_precision_sampling(
+    engine: Any, model: str, ids: list[list[int]], max_tokens: int, where: str, repeats: int
+) -> list[Result]:
+    """``remote_backend.local.sampler_dtype=bfloat16`` against the fp32 sampler: tokens/s, and
+    what it does to parity: greedy rows token-identical, and |log-prob difference| on the tokens
+    both chose (each row up to its first differing token; the fp32 sampler's log-probs are the
+    trainer's to float32 noise, so this is how far bypass mode's old log-probs would move)."""
+    from verl.workers.remote_client.local.config import EngineSettings, LocalBackendConfig
+    from verl.workers.remote_client.local.engine import LocalEngine
+
+    low = LocalEngine(
+        EngineSettings(
+            model_path=model, optim={"lr": 1e-6}, backend=LocalBackendConfig(seed=0, sampler_dtype="bfloat16")
+        )
+    )
+    params = {"max_tokens": max_tokens, "temperature": 0, "logprobs": True}
+    outputs: dict[str, Any] = {}
+    for name, eng in (("fp32", engine), ("bf16", low)):
+        eng.sample([eng.make_request(ids[0], {"max_tokens": 2})])  # warm-up
+
+        def run_one(eng: Any = eng, name: str = name) -> None:
+            outputs[name] = eng.sample([eng.make_request(p, params) for p in ids])
+
+        outputs[f"run_{name}"] = run_one
+    times = time_interleaved(
+        {"bf16": outputs.pop("run_bf16"), "fp32": outputs.pop("run_fp32")}, repeats=repeats, warmup=0
+    )
+    full, half = outputs["fp32"], outputs["bf16"]
+    rate = {k: sum(len(r.token_ids) for r in outputs[k]) / times[k] for k in ("fp32", "bf16")}
+    same_rows = sum(a.token_ids == b.token_ids for a, b in zip(full, half))
+    diffs = []
+    for a, b in zip(full, half):
+        for ta, tb, la, lb in zip(a.token_ids, b.token_ids, a.log_probs, b.log_probs):
+            if ta != tb:
+                break
+            diffs.append(abs(la - lb))
+    ratio = rate["bf16"] / rate["fp32"]
+    return [
+        Result(
+            row=ROW,
+            case=f"sampling: {len(ids)} gsm8k prompts x {max_tokens} new tokens, greedy, bf16 sampler vs fp32 sampler",
+            a=rate["bf16"],
+            a_label="bf16 tok/s",
+            b=rate["fp32"],
+            b_label="fp32 tok/s",
+            ratio=ratio,
+            target=None,
+            met=None,
+            note=f"{where}; {same_rows}/{len(ids)} greedy rows token-identical; |log-prob bf16 - fp32| on "
+            f"{len(diffs)} shared tokens: mean {sum(diffs) / max(len(diffs), 1):.3g}, max {max(diffs, default=0):.3g}",
         )
     ]
 
