@@ -175,11 +175,12 @@ def test_a_moved_credential_and_an_existing_ray_cluster_are_refused_naming_the_s
     from verl.remote_backend.errors import ConfigError
 
     config = OmegaConf.create({"remote_backend": {"tinker": {"api_key": "tml-q"}}, "ray_kwargs": {"ray_init": {}}})
-    clean_secret_state.hide_secrets(config, _OneSecret)
-    clean_secret_state.check_secrets_reach_workers(config)  # a cluster this run starts: fine
+    moved = clean_secret_state.hide_secrets(config, _OneSecret)
+    clean_secret_state.check_secrets_reach_workers(config, moved)  # a cluster this run starts: fine
     config.ray_kwargs.ray_init.address = "ray://10.0.0.1:10001"
+    clean_secret_state.check_secrets_reach_workers(config)  # nothing moved: nothing to reach the workers
     with pytest.raises(ConfigError) as info:
-        clean_secret_state.check_secrets_reach_workers(config)
+        clean_secret_state.check_secrets_reach_workers(config, moved)
     message = str(info.value)
     assert "remote_backend.tinker.api_key" in message and "10.0.0.1" in message and "tml-q" not in message
 

@@ -87,7 +87,7 @@ def run(config: Any, explicit_keys: Optional[Collection[str]] = None) -> None:
 
     auto_set_device(config)
     config = migrate_legacy_reward_impl(config)
-    _hide_backend_secrets(config)
+    moved_secrets = _hide_backend_secrets(config)
     derived = derive_remote_settings(config, explicit_keys)
     if derived:
         print(describe(backend_name(config), derived), flush=True)
@@ -98,7 +98,7 @@ def run(config: Any, explicit_keys: Optional[Collection[str]] = None) -> None:
 
     from verl.remote_backend.task_runner import RemoteBackendTaskRunner
 
-    check_secrets_reach_workers(config)
+    check_secrets_reach_workers(config, moved_secrets)
     _ensure_ray_cpus(config)
     _seed_each_sample(config)
     cls = plan.backend_cls
@@ -123,17 +123,17 @@ def run(config: Any, explicit_keys: Optional[Collection[str]] = None) -> None:
         raise SystemExit(EXIT_CODE_INTERRUPTED) from None
 
 
-def _hide_backend_secrets(config: Any) -> None:
+def _hide_backend_secrets(config: Any) -> list[str]:
     """Move the selected backend's credential settings out of ``config`` (``launch/secrets.py``)
-    before anything prints it; an unknown backend is left to validation to report."""
+    before anything prints it; returns the keys moved. An unknown backend is left to validation."""
     name = backend_name(config)
     if name is None:
-        return
+        return []
     try:
         backend_cls = RemoteBackendRegistry.get(name)
     except Exception:  # noqa: BLE001 - validation raises it with the known names and the fix
-        return
-    hide_secrets(config, backend_cls, _hydra_record_dir())
+        return []
+    return hide_secrets(config, backend_cls, _hydra_record_dir())
 
 
 @hydra.main(config_path="config", config_name="remote_ppo_trainer", version_base=None)

@@ -28,7 +28,7 @@ MASK = "***"
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _BACKEND_OVERRIDE = re.compile(r"^\+{0,2}trainer\.remote_backend=(?P<name>.*)$")
-# Settings moved in this process (command line, then composed config): the remote-cluster check reads them.
+# Settings the entry point moved off this process's command line (before Hydra, so run() cannot see them).
 _moved: list[str] = []
 
 
@@ -95,7 +95,7 @@ def hide_secrets(config: "DictConfig", backend_cls: type, hydra_dir: Optional[Pa
     keys moved."""
     from omegaconf import OmegaConf, open_dict
 
-    moved, values = [], []
+    moved, values = [], []  # not recorded in _moved: each run's config reports its own
     for key, env in declared_secrets(backend_cls).items():
         value = select(config, key)
         if value is None:
@@ -105,7 +105,6 @@ def hide_secrets(config: "DictConfig", backend_cls: type, hydra_dir: Optional[Pa
             OmegaConf.update(config, key, None, merge=False, force_add=True)
         moved.append(key)
         values.append(str(value))
-    _moved.extend(moved)
     if hydra_dir is not None and values:
         _mask_files(Path(hydra_dir), values)
     return moved
@@ -133,18 +132,21 @@ def _mask_files(folder: Path, values: list[str]) -> None:
             path.write_text(yaml.safe_dump(_masked(yaml.safe_load(text), values), sort_keys=False))
 
 
-def check_secrets_reach_workers(config: Any) -> None:
-    """A credential moved to the driver's environment reaches the workers of a Ray cluster this
-    run starts, not those of an existing cluster (``ray_kwargs.ray_init.address`` or ``RAY_ADDRESS``):
-    refuse that before Ray starts rather than let the backend run without it.
+def check_secrets_reach_workers(config: Any, moved: Sequence[str] = ()) -> None:
+    """A credential moved to the driver's environment (``moved``: by :func:`hide_secrets` for this
+    config, plus those :func:`move_secret_overrides` took off the command line) reaches the workers
+    of a Ray cluster this run starts, not those of an existing cluster
+    (``ray_kwargs.ray_init.address`` or ``RAY_ADDRESS``): refuse that before Ray starts rather than
+    let the backend run without it.
 
     Raises:
         ConfigError: names the setting, the variable and the fix.
     """
     address = select(config, "ray_kwargs.ray_init.address") or os.environ.get("RAY_ADDRESS")
-    if not _moved or address in (None, "", "local"):
+    keys = [*moved, *_moved]
+    if not keys or address in (None, "", "local"):
         return
-    key = _moved[0]
+    key = keys[0]
     raise ConfigError.for_setting(
         key,
         MASK,
