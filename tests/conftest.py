@@ -97,7 +97,7 @@ def verl_grpo_line_run(tmp_path_factory, small_gsm8k_assets) -> Callable[[str], 
             )
             env = {"WANDB_MODE": "offline"}
             if backend == "my-engine":
-                from third_party_adapter import TEST_TOKEN, TOKEN_KEY
+                from support.credentials import TEST_TOKEN, TOKEN_KEY  # not the adapter: it would register here
 
                 env.update(external_modules_env("third_party_adapter"))
                 line = [*line, f"{TOKEN_KEY}={TEST_TOKEN}"]  # a credential: test_security greps for it

@@ -205,7 +205,7 @@ def _everything_a_run_left(root: Path, result) -> list[str]:
     return (["console"] if SECRET in result.output else []) + places
 
 
-SECRET = "my-engine-token-5d1f0c7be93a"  # third_party_adapter.TEST_TOKEN, spelled out: what is searched for
+SECRET = "my-engine-token-5d1f0c7be93a"  # support.credentials.TEST_TOKEN, spelled out: what is searched for
 
 
 @pytest.mark.slow
@@ -214,7 +214,7 @@ def test_a_declared_credential_reaches_every_process_and_nothing_prints_or_write
     """verl's GRPO line with the third-party adapter and its token on the command line (conftest):
     the token arrives in the owner, the forwarder and the rollout server, and appears nowhere -
     console, run.log, Hydra's files, checkpoints, wandb's offline run, Ray's session logs."""
-    from third_party_adapter import TEST_TOKEN, token_digest
+    from support.credentials import TEST_TOKEN, token_digest
 
     assert TEST_TOKEN == SECRET
     shared = verl_grpo_line_run("my-engine")
@@ -231,7 +231,7 @@ def test_a_run_refused_for_its_credential_prints_and_writes_it_nowhere(small_gsm
     """Fails before Ray (the credential cannot reach an existing cluster's workers): the error
     names the setting, and the token is in neither the output nor the run's files."""
     from remote_e2e import external_modules_env, run_entry, small_ci_overrides
-    from third_party_adapter import TOKEN_KEY
+    from support.credentials import TOKEN_KEY
 
     overrides = small_ci_overrides(
         model=small_gsm8k_assets["model"],

@@ -14,21 +14,13 @@ token it got, so a test can see it arrived everywhere without it being printed.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from typing import Any, Optional
 
+from support.credentials import TOKEN_ENV, TOKEN_KEY, token_digest
+
 from verl.remote_backend import RemoteBackend, RemoteBackendRegistry
 from verl.remote_backend.settings.loader import select
-
-#: The adapter's credential setting and its environment variable.
-TOKEN_KEY, TOKEN_ENV = "remote_backend.my_engine_token", "MY_ENGINE_TOKEN"
-#: The value the tests give it (searched for in everything a run prints or writes).
-TEST_TOKEN = "my-engine-token-5d1f0c7be93a"
-
-
-def token_digest(token: Optional[str]) -> str:
-    return "none" if not token else hashlib.sha256(token.encode()).hexdigest()[:12]
 
 
 @RemoteBackendRegistry.register("my-engine")
