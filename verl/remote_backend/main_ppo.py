@@ -24,7 +24,12 @@ from verl.remote_backend.launch.failure_report import failure_report, root_cause
 from verl.remote_backend.launch.interrupts import EXIT_CODE_INTERRUPTED, RunnerLauncher, interrupt_report
 from verl.remote_backend.launch.reaper import start_reaper
 from verl.remote_backend.launch.secrets import check_secrets_reach_workers, hide_secrets, move_secret_overrides
-from verl.remote_backend.launch.validation import backend_name, required_ray_cpus, validate_remote_backend_config
+from verl.remote_backend.launch.validation import (
+    backend_class_or_none,
+    backend_name,
+    required_ray_cpus,
+    validate_remote_backend_config,
+)
 from verl.remote_backend.registry import RemoteBackendRegistry
 
 __all__ = ["main", "run"]
@@ -126,14 +131,8 @@ def run(config: Any, explicit_keys: Optional[Collection[str]] = None) -> None:
 def _hide_backend_secrets(config: Any) -> list[str]:
     """Move the selected backend's credential settings out of ``config`` (``launch/secrets.py``)
     before anything prints it; returns the keys moved. An unknown backend is left to validation."""
-    name = backend_name(config)
-    if name is None:
-        return []
-    try:
-        backend_cls = RemoteBackendRegistry.get(name)
-    except Exception:  # noqa: BLE001 - validation raises it with the known names and the fix
-        return []
-    return hide_secrets(config, backend_cls, _hydra_record_dir())
+    backend_cls = backend_class_or_none(backend_name(config))
+    return [] if backend_cls is None else hide_secrets(config, backend_cls, _hydra_record_dir())
 
 
 @hydra.main(config_path="config", config_name="remote_ppo_trainer", version_base=None)

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf, open_dict
 from verl.remote_backend.base import requires_single_forwarder
 from verl.remote_backend.errors import ConfigError
 from verl.remote_backend.launch.rules import required_settings
-from verl.remote_backend.launch.validation import backend_name
+from verl.remote_backend.launch.validation import backend_class_or_none, backend_name
 from verl.remote_backend.settings.loader import select
 
 if TYPE_CHECKING:
@@ -62,11 +62,10 @@ def derive_remote_settings(config: "DictConfig", explicit: Optional[Collection[s
     if name is None:
         return []
     explicit = frozenset(explicit or ())
-    from verl.remote_backend.registry import RemoteBackendRegistry
-
+    backend_cls = backend_class_or_none(name)
     try:
-        single = requires_single_forwarder(RemoteBackendRegistry.get(name))
-    except Exception:  # noqa: BLE001 - an unknown or broken name: validation names it and the fix
+        single = backend_cls is not None and requires_single_forwarder(backend_cls)
+    except Exception:  # noqa: BLE001 - a broken declaration: validation names it and the fix
         single = False
     changes: list[DerivedSetting] = []
     for rule in required_settings(config, name, single):

@@ -57,15 +57,12 @@ def _unquote(value: str) -> str:
 
 
 def _backend_from_command_line(argv: Sequence[str]) -> Optional[type]:
-    names = [m.group("name") for m in map(_BACKEND_OVERRIDE.match, argv) if m]
-    if not names or _unquote(names[-1]) in ("", "null", "None"):
-        return None
-    from verl.remote_backend.registry import RemoteBackendRegistry
+    from verl.remote_backend.launch.validation import backend_class_or_none, backend_name
 
-    try:
-        return RemoteBackendRegistry.get(_unquote(names[-1]))
-    except Exception:  # noqa: BLE001 - an unknown name is reported by validation, with the known names
+    names = [m.group("name") for m in map(_BACKEND_OVERRIDE.match, argv) if m]
+    if not names:
         return None
+    return backend_class_or_none(backend_name({"trainer": {"remote_backend": _unquote(names[-1])}}))
 
 
 def move_secret_overrides(argv: Sequence[str]) -> list[str]:

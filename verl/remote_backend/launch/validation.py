@@ -115,6 +115,18 @@ def backend_name(config: "DictConfig") -> Optional[str]:
     return str(name)
 
 
+def backend_class_or_none(name: Optional[str]) -> Optional[type[RemoteBackend]]:
+    """The class registered as ``name``, or ``None`` when ``name`` is ``None`` or nothing usable
+    provides it: for start-up steps that run before validation, which reports the name with the
+    known ones and the fix."""
+    if name is None:
+        return None
+    try:
+        return RemoteBackendRegistry.get(name)
+    except Exception:  # noqa: BLE001 - validate_remote_backend_config raises it, named
+        return None
+
+
 def required_ray_cpus(config: "DictConfig") -> int:
     """Logical Ray CPUs the runner and the forwarder pool reserve (a backend's own actors come on top)."""
     return _RUNNER_CPUS + FORWARDER_CPUS * _num_forwarders(config)
