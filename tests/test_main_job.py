@@ -18,18 +18,35 @@ EXAMPLE = REPO_ROOT / "examples" / "gsm8k_remote"
 
 
 # ---------------------------------------------------------------- reward
+QUESTION = "Natalia sold clips to 48 of her friends in April, and then half as many in May. How many in all?"
+
+
 @pytest.mark.parametrize(
     "response, score",
     [
         ("She sold 48 + 24 = 72 clips.\n#### 72", 1.0),  # verl's strict format, right
+        ("#### 72", 1.0),  # right is right, work or not
         ("48 + 24 = 72, so the answer is 72.", 0.5),  # right number, no format
-        ("She sold 48 / 2 = 24.\n#### 24", 0.1),  # the format, wrong number
+        ("She sold 48 / 2 = 24.\n#### 24", 0.1),  # worked, wrong number: the result of its equation
         ("I do not know.", 0.0),
         ("72 clips in April? No: 48 + 24 = 70", 0.0),  # the right number, but not the last one
+        ("#### 24", 0.0),  # the bare format earns nothing
+        ("48 / 2 = 24.\n#### 24\n#### 24", 0.0),  # a repeated answer line earns nothing
+        ("48 / 2 = 24.\n#### 25", 0.0),  # the answer is not what the work derived
+        (
+            "17 + 26 = 43 cows. 43 - 8 = 35 cows.\n#### 35",
+            0.0,
+        ),  # the prompt's example, copied: no number of the question
     ],
 )
-def test_the_gsm8k_reward_separates_right_formatted_and_wrong_answers(response, score):
-    assert load("gsm8k_reward").gsm8k_shaped("openai/gsm8k", response, "72") == score
+def test_the_gsm8k_reward_gives_partial_credit_only_to_worked_answers(response, score):
+    assert load("gsm8k_reward").gsm8k_shaped("openai/gsm8k", response, "72", {"question": QUESTION}) == score
+
+
+def test_the_gsm8k_reward_without_the_question_asks_only_for_an_equation():
+    reward = load("gsm8k_reward").gsm8k_shaped
+    assert reward("openai/gsm8k", "17 + 26 = 43.\n#### 43", "72") == 0.1
+    assert reward("openai/gsm8k", "#### 43", "72") == 0.0
 
 
 def test_the_gsm8k_reward_reads_thousands_separators():
@@ -69,21 +86,34 @@ def test_the_summary_prints_samples_and_writes_the_plot(tmp_path, capsys):
     rows = [
         {"step": s, "data": {"critic/score/mean": 0.1 * s, "response_length/mean": 100 - s, "actor/pg_loss": 0.01 / s,
                              "timing_s/step": 90.0}}
-        for s in (1, 2, 3)
+        for s in (1, 2, 3, 4)
     ]  # fmt: skip
-    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    validations = [{"step": s, "data": {"val-core/openai/gsm8k/acc/mean@1": v}} for s, v in ((0, 0.03), (4, 0.125))]
+    logged = validations[:1] + rows[:3] + [{"step": 4, "data": {**rows[3]["data"], **validations[1]["data"]}}]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in logged) + "\n")
     (tmp_path / "rollouts").mkdir()
-    for step in (1, 3):
+    for step in (1, 4):
         samples = [{"output": f"answer {i} #### {i}", "gts": "2", "score": 1.0 if i == 2 else 0.0} for i in range(4)]
         (tmp_path / "rollouts" / f"{step}.jsonl").write_text("\n".join(json.dumps(s) for s in samples))
     assert load("summarize_run").main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "step 1 reward 1.00 (answer 2): answer 2 #### 2" in out and "step 3 reward 0.00" in out
+    assert "step 1 reward 1.00 (answer 2): answer 2 #### 2" in out and "step 4 reward 0.00" in out
+    assert "validation (mean reward on the held-out prompts): before training 0.03, after step 4 0.125" in out
+    learning = next(line for line in out.splitlines() if line.startswith("[gsm8k-local] learning: "))
+    assert "of the first 1 step(s) 0.1, of the last 1 0.4, step-to-step spread" in learning
+    assert learning.endswith(": rising")
     from PIL import Image
 
     with Image.open(tmp_path / "metrics.png") as image:  # matplotlib's figure: 4 panels of 4 x 3.2 in at 100 dpi
         assert image.size == (1600, 320) and len(set(image.get_flattened_data())) > 2  # drawn on, not blank
     assert f"plot: {tmp_path / 'metrics.png'}" in out
+
+
+def test_the_learning_verdict_weighs_the_rise_against_the_step_to_step_spread():
+    verdict = load("summarize_run").learning_verdict
+    assert verdict([0.0, 0.02, 0.05, 0.08, 0.1, 0.12, 0.15, 0.2]).endswith(": rising")
+    assert verdict([0.1, 0.0, 0.1, 0.0, 0.1, 0.0, 0.1, 0.12]).endswith(": not clearly rising")  # noise
+    assert "too few" in verdict([0.0, 0.1])
 
 
 # ---------------------------------------------------------------- the real model
@@ -136,6 +166,10 @@ def test_the_main_job_script_trains_the_real_model_quietly_and_leaves_a_plot_and
     assert "SmolLM2-135M-Instruct" in "\n".join(console)
     assert sum(line.startswith("[gsm8k-local] step ") for line in console) == 2
     assert any(" reward " in line and "(answer " in line for line in console)
+    # verl's validation before training and after the last step, in the step lines and the summary
+    assert any(line.startswith("[gsm8k-local] step 0: val_score=") for line in console), "\n".join(console)
+    assert "[gsm8k-local] validation (mean reward on the held-out prompts): before training " in "\n".join(console)
+    assert "after step 2 " in "\n".join(console)
     work = tmp_path / "work"
     assert (work / "metrics.png").stat().st_size > 0 and (work / "run.log").stat().st_size > 0
     # verl's tensorboard logger wrote its event file where the summary says

@@ -42,6 +42,13 @@ def test_row_layout_routes_to_verls_gsm8k_scorer():
     assert default_compute_score(row["data_source"], "so #### 8", row["reward_model"]["ground_truth"]) == 0.0
 
 
+def test_the_worked_example_precedes_the_question_and_keeps_the_question_for_the_reward():
+    row = prepare.to_verl_row("What is 3 + 4?", "3 + 4 = 7\n#### 7", "train", 5, worked_example=True)
+    content = row["prompt"][0]["content"]
+    assert content == f"{prepare.WORKED_EXAMPLE}What is 3 + 4? {prepare.INSTRUCTION}"
+    assert "#### " in prepare.WORKED_EXAMPLE and row["extra_info"]["question"] == "What is 3 + 4?"
+
+
 def test_cli_writes_filtered_parquet_from_the_jsonl_files(tmp_path):
     subprocess.run(
         [

@@ -45,7 +45,10 @@ def step_metrics(line: str) -> Optional[tuple[int, dict[str, float]]]:
 
 
 def short_step_line(step: int, values: dict[str, float]) -> str:
+    """The step's shown numbers; a validation at that step (step 0: before training) adds
+    ``val_score``, verl's mean reward over the held-out prompts (``val-core/<source>/.../mean@1``)."""
     parts = [f"{label}={values[key]:.4g}" for key, label in SHOWN.items() if key in values]
+    parts += [f"val_score={v:.4g}" for k, v in values.items() if k.startswith("val-core/") and k.endswith("/mean@1")]
     return f"[gsm8k-local] step {step}: " + " ".join(parts)
 
 

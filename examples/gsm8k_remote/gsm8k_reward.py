@@ -1,14 +1,20 @@
-"""The main job's gsm8k reward: correctness, with a small credit for the answer format.
+"""The main job's gsm8k reward: correctness, with a small credit for a worked answer.
 
 verl's own gsm8k score (``verl.utils.reward_score.gsm8k``, strict) gives 1 only for
 ``#### <correct number>`` and 0 otherwise. A 135M model almost never writes that format at
 first, so every sample of a GRPO group scores 0, the advantages are 0 and nothing is learnt in
 a few steps. This reward keeps verl's rule for a full score and adds partial credit:
 
-* 1.0   the number after ``####`` equals the reference answer (verl's strict rule);
+* 1.0   the number after the last ``####`` equals the reference answer (verl's strict rule);
 * 0.5   no ``####``, but the last number in the response equals the reference;
-* 0.1   a ``#### <number>`` line with a wrong number (the format the prompt asks for);
+* 0.1   a worked answer with a wrong number: exactly one ``#### <number>``, that number is the
+        result of an equation written before it (``... = <number>``), and the work uses a
+        number of the question (when ``extra_info["question"]`` is given);
 * 0.0   otherwise.
+
+Why the 0.1 asks for work: a credit for the bare format is learnt in three steps as
+``#### 10 #### 10 ...`` (measured: the policy copied the prompt's worked example and repeated
+its answer line), which scores the credit without solving anything.
 
 verl calls it as ``reward.custom_reward_function.path=<this file>``, ``name=gsm8k_shaped``.
 """
@@ -20,18 +26,35 @@ from typing import Any, Optional
 
 _FINAL = re.compile(r"####\s*(-?[\d,]*\.?\d+)")
 _NUMBER = re.compile(r"-?[\d,]*\.?\d+")
+_RESULT = re.compile(r"=\s*\$?(-?[\d,]*\.?\d+)")
 
 
 def _normalise(number: str) -> str:
     return number.replace(",", "").rstrip(".")
 
 
+def _shows_work(work: str, answer: str, question: Optional[str]) -> bool:
+    """Whether ``work`` (the text before ``####``) derives ``answer`` in an equation and, when the
+    question is known, uses one of its numbers."""
+    if answer not in {_normalise(n) for n in _RESULT.findall(work)}:
+        return False
+    if not question:
+        return True
+    given = {_normalise(n) for n in _NUMBER.findall(question)}
+    return bool(given & {_normalise(n) for n in _NUMBER.findall(work)})
+
+
 def gsm8k_shaped(data_source: str, solution_str: str, ground_truth: Any, extra_info: Optional[dict] = None) -> float:
-    """Score one response (see module docstring); ``ground_truth`` is gsm8k's final number."""
+    """Score one response (see module docstring); ``ground_truth`` is gsm8k's final number and
+    ``extra_info`` the dataset row's (``prepare_gsm8k.py`` puts the question there)."""
     truth = _normalise(str(ground_truth))
     final = _FINAL.findall(solution_str)
     if final:
-        return 1.0 if _normalise(final[-1]) == truth else 0.1
+        if _normalise(final[-1]) == truth:
+            return 1.0
+        question = (extra_info or {}).get("question")
+        work = solution_str[: solution_str.find("####")]
+        return 0.1 if len(final) == 1 and _shows_work(work, _normalise(final[0]), question) else 0.0
     numbers = _NUMBER.findall(solution_str)
     if numbers and _normalise(numbers[-1]) == truth:
         return 0.5

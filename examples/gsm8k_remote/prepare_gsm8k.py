@@ -35,6 +35,13 @@ REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 DEFAULT_INPUT_DIR = os.path.join(REPO_ROOT, "..", "shared", "data", "gsm8k")
 SPLITS = ("train", "test")
 
+#: A worked example put before the question with ``--worked-example``: it shows a 135M model the
+#: ``#### <number>`` ending (written for this project, not a gsm8k row).
+WORKED_EXAMPLE = (
+    "Example: A farm has 17 cows, buys 26 more and sells 8. How many cows does it have now?\n"
+    "17 + 26 = 43 cows. 43 - 8 = 35 cows.\n#### 35\n\nQuestion: "
+)
+
 _FINAL_ANSWER = re.compile(r"####\s*(-?[0-9.,]+)")
 
 
@@ -50,11 +57,13 @@ def extract_final_answer(solution: str) -> str:
     return match.group(1).replace(",", "").rstrip(".")
 
 
-def to_verl_row(question: str, answer: str, split: str, index: int) -> dict[str, Any]:
-    """One GSM8K record in verl's RL dataset layout."""
+def to_verl_row(question: str, answer: str, split: str, index: int, *, worked_example: bool = False) -> dict[str, Any]:
+    """One GSM8K record in verl's RL dataset layout (the question preceded by
+    :data:`WORKED_EXAMPLE` when ``worked_example``)."""
+    prefix = WORKED_EXAMPLE if worked_example else ""
     return {
         "data_source": DATA_SOURCE,
-        "prompt": [{"role": "user", "content": f"{question} {INSTRUCTION}"}],
+        "prompt": [{"role": "user", "content": f"{prefix}{question} {INSTRUCTION}"}],
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": extract_final_answer(answer)},
         "extra_info": {"split": split, "index": index, "question": question, "answer": answer},
@@ -93,7 +102,12 @@ def load_records(split: str, input_dir: Optional[str]) -> Iterable[dict[str, Any
 
 
 def build_rows(
-    records: Iterable[dict[str, Any]], split: str, *, max_rows: Optional[int], max_question_chars: Optional[int]
+    records: Iterable[dict[str, Any]],
+    split: str,
+    *,
+    max_rows: Optional[int],
+    max_question_chars: Optional[int],
+    worked_example: bool = False,
 ) -> list[dict[str, Any]]:
     """Convert records, keeping the first ``max_rows`` whose question fits ``max_question_chars``."""
     rows: list[dict[str, Any]] = []
@@ -102,7 +116,7 @@ def build_rows(
             break
         if max_question_chars is not None and len(record["question"]) > max_question_chars:
             continue
-        rows.append(to_verl_row(record["question"], record["answer"], split, index))
+        rows.append(to_verl_row(record["question"], record["answer"], split, index, worked_example=worked_example))
     return rows
 
 
@@ -123,6 +137,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument(
         "--max-question-chars", type=int, default=None, help="drop questions longer than this (short prompts for CI)"
     )
+    parser.add_argument(
+        "--worked-example",
+        action="store_true",
+        help="put a short worked example with the '#### <number>' ending before each question",
+    )
     args = parser.parse_args(argv)
     limits = {"train": args.max_train, "test": args.max_test}
     for split in SPLITS:
@@ -131,6 +150,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             split,
             max_rows=limits[split],
             max_question_chars=args.max_question_chars,
+            worked_example=args.worked_example,
         )
         if not rows:
             print(f"[prepare_gsm8k] {split}: no rows left after filtering", file=sys.stderr)

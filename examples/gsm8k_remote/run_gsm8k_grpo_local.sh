@@ -8,16 +8,17 @@
 # 2. prepares gsm8k as verl parquet (short questions) from ../shared/data/gsm8k or the HF hub,
 # 3. prepares SmolLM2-135M-Instruct (prepare_model.py; once, ~30 s, cached) unless MODEL_PATH is
 #    given; `tiny` builds a tiny random Qwen2 instead (a 1-minute smoke run, reward stays 0),
-# 4. runs GRPO steps with a gsm8k reward (gsm8k_reward.py) and a checkpoint every SAVE_FREQ steps;
-#    the console shows one line per step, everything else goes to WORK_DIR/run.log (VERBOSE=1
-#    shows it all),
-# 5. prints a per-step table, samples with their rewards from the first and last step, and writes
-#    WORK_DIR/metrics.png (summarize_run.py).
+# 4. runs verl's validation (32 held-out prompts), GRPO steps with a gsm8k reward (gsm8k_reward.py)
+#    and a checkpoint every SAVE_FREQ steps, then the validation again; the console shows one line
+#    per step, everything else goes to WORK_DIR/run.log (VERBOSE=1 shows it all),
+# 5. prints a per-step table, whether the reward rose, the validation scores, samples with their
+#    rewards from the first and last step, and writes WORK_DIR/metrics.png (summarize_run.py).
 #
 # Every knob is explained in examples/gsm8k_remote/README.md. Environment overrides:
-#   WORK_DIR (outputs/gsm8k_grpo_local), STEPS (4), BATCH (4 prompts), ROLLOUT_N (4 samples/prompt),
-#   PROMPT_LEN (256), RESPONSE_LEN (128), LR (1e-5), SAVE_FREQ (2: a checkpoint every 2 steps, so
-#   Ctrl-C loses at most 2 steps), BYPASS (true: old log-probs are the sampler's, no recompute),
+#   WORK_DIR (outputs/gsm8k_grpo_local), STEPS (8), BATCH (4 prompts), ROLLOUT_N (4 samples/prompt),
+#   PROMPT_LEN (256), RESPONSE_LEN (96), LR (5e-5), TEMPERATURE (0.7), SEED (0: data order and
+#   sampling), SAVE_FREQ (2: a checkpoint every 2 steps, so Ctrl-C loses at most 2 steps),
+#   BYPASS (true: old log-probs are the sampler's, no recompute), VALIDATE (true: before and after),
 #   VERBOSE (0), PYTHON_BIN (use this interpreter instead of the managed environment of step 1).
 set -euo pipefail
 
@@ -27,12 +28,14 @@ model_path="${1:-}"
 if [ $# -gt 0 ]; then shift; fi
 
 work="${WORK_DIR:-$repo/outputs/gsm8k_grpo_local}"
-steps="${STEPS:-4}"
+steps="${STEPS:-8}"
 batch="${BATCH:-4}"
 rollout_n="${ROLLOUT_N:-4}"
 prompt_len="${PROMPT_LEN:-256}"
-response_len="${RESPONSE_LEN:-128}"
-lr="${LR:-1e-5}"
+response_len="${RESPONSE_LEN:-96}"
+lr="${LR:-5e-5}"
+temperature="${TEMPERATURE:-0.7}"
+seed="${SEED:-0}"
 mkdir -p "$work"
 work="$(cd "$work" && pwd)"
 
@@ -45,7 +48,7 @@ fi
 
 echo "[gsm8k-local] preparing data in $work/data"
 "$python" "$here/prepare_gsm8k.py" --output-dir "$work/data" \
-    --max-question-chars 200 --max-train 256 --max-test 32 >>"$work/prepare.log" 2>&1
+    --max-question-chars 200 --max-train 256 --max-test 32 --worked-example >>"$work/prepare.log" 2>&1
 
 if [ "$model_path" = "tiny" ]; then
     model_path="$work/tiny_model"
@@ -83,11 +86,13 @@ cd "$work"
     data.filter_overlong_prompts=true \
     data.truncation=left \
     data.dataloader_num_workers=0 \
+    data.seed="$seed" \
     actor_rollout_ref.model.path="$model_path" \
     actor_rollout_ref.actor.optim.lr="$lr" \
     actor_rollout_ref.actor.ppo_mini_batch_size="$batch" \
     actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu="$rollout_n" \
     actor_rollout_ref.rollout.n="$rollout_n" \
+    actor_rollout_ref.rollout.temperature="$temperature" \
     actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu="$rollout_n" \
     actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu="$rollout_n" \
     actor_rollout_ref.rollout.agent.num_workers=1 \
@@ -95,14 +100,15 @@ cd "$work"
     reward.custom_reward_function.path="$here/gsm8k_reward.py" \
     reward.custom_reward_function.name=gsm8k_shaped \
     remote_backend.local.device=cpu \
+    remote_backend.local.seed="$seed" \
     trainer.logger='[console,file,tensorboard]' \
     trainer.project_name=verl_remote_backend \
     trainer.experiment_name=gsm8k_grpo_local \
     trainer.default_local_dir="$work/checkpoints" \
     trainer.rollout_data_dir="$work/rollouts" \
     trainer.resume_mode=disable \
-    trainer.val_before_train=false \
-    trainer.test_freq=-1 \
+    trainer.val_before_train="${VALIDATE:-true}" \
+    trainer.test_freq="$([ "${VALIDATE:-true}" = true ] && echo "$steps" || echo -1)" \
     trainer.save_freq="${SAVE_FREQ:-2}" \
     trainer.total_training_steps="$steps" \
     "$@" 2>&1 | "${show[@]}" || status=$?

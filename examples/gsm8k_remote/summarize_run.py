@@ -11,6 +11,7 @@ matplotlib) and names verl's tensorboard log folder, ``WORK_DIR/tensorboard``.
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -33,9 +34,40 @@ PLOTTED = {
 }
 
 
+def logged_rows(metrics_path: Path) -> list[dict]:
+    """verl's file-logger rows ``{"step", "data"}``, in the order they were written."""
+    return [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+
+
 def training_rows(metrics_path: Path) -> list[dict]:
-    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
-    return [row for row in rows if "timing_s/step" in row["data"]]  # not validation-only entries
+    return [row for row in logged_rows(metrics_path) if "timing_s/step" in row["data"]]  # not validation-only
+
+
+def validation_scores(metrics_path: Path) -> list[tuple[int, float]]:
+    """``(step, score)`` of each validation verl logged (step 0: before training): the mean reward
+    over the held-out prompts, verl's ``val-core/<data source>/<key>/mean@1``."""
+    scores = []
+    for row in logged_rows(metrics_path):
+        values = [v for k, v in row["data"].items() if k.startswith("val-core/") and k.endswith("/mean@1")]
+        if values:
+            scores.append((int(row["step"]), float(values[0])))
+    return scores
+
+
+def learning_verdict(rewards: list[float]) -> str:
+    """Whether the reward rose: the mean of the last quarter of steps against the first
+    quarter's, by more than the step-to-step spread (standard deviation of the differences
+    between consecutive steps). Needs 4 steps or more."""
+    if len(rewards) < 4:
+        return f"{len(rewards)} steps: too few to judge (4 or more)"
+    quarter = max(1, len(rewards) // 4)
+    first, last = statistics.mean(rewards[:quarter]), statistics.mean(rewards[-quarter:])
+    spread = statistics.pstdev([b - a for a, b in zip(rewards, rewards[1:])])
+    rose = last - first > spread
+    return (
+        f"mean reward of the first {quarter} step(s) {first:.4g}, of the last {quarter} {last:.4g}, "
+        f"step-to-step spread {spread:.4g}: {'rising' if rose else 'not clearly rising'}"
+    )
 
 
 def print_table(rows: list[dict]) -> None:
@@ -88,6 +120,13 @@ def main(argv: list[str]) -> int:
         print(f"[gsm8k-local] no training steps logged in {metrics}")
         return 1
     print_table(rows)
+    print("[gsm8k-local] learning: " + learning_verdict([float(r["data"].get("critic/score/mean", 0.0)) for r in rows]))
+    scores = validation_scores(metrics)
+    if scores:
+        shown = ", ".join(
+            ("before training" if step == 0 else f"after step {step}") + f" {score:.4g}" for step, score in scores
+        )
+        print(f"[gsm8k-local] validation (mean reward on the held-out prompts): {shown}")
     rollouts = work / "rollouts"
     print("[gsm8k-local] samples (best and worst of the first and the last step):")
     for step in sorted({rows[0]["step"], rows[-1]["step"]}):

@@ -1,0 +1,241 @@
+"""Row 8 - the main job's GRPO step against the machine's floor for the same step.
+
+Runs the main job (``examples/gsm8k_remote/run_gsm8k_grpo_local.sh``: SmolLM2-135M-Instruct,
+gsm8k, the local backend on CPU) a few steps in two set-ups, one after the other on the same
+machine, and sets each phase's measured seconds (verl's ``timing_s/*``, medians over the
+steps after the first) beside its floor:
+
+* ``update_actor``: the update's FLOPs (forward+backward, :func:`model_tflops` over the step's
+  sequence lengths) over the all-core matmul rate (:func:`measure_matmul_flops`, float32);
+* ``old_log_prob`` (only when recomputed): a forward's FLOPs over the same rate;
+* ``gen``: the prefill's forward FLOPs over that rate, plus the decode: per decode step the
+  larger of its FLOPs and one read of the weights at the measured memory bandwidth
+  (``response_length/max`` steps);
+* the step: the sum of those floors against ``timing_s/step`` minus the checkpoint save and
+  validation (disk and evaluation time the compute floor does not cover).
+
+Set-ups: ``before`` is the main job as it was before the machine was used fully (the engine on
+one thread, old log-probs recomputed: ``remote_backend.local.threads=1``,
+``algorithm.rollout_correction.bypass_mode=false``); ``after`` is the main job's defaults.
+
+Usage: ``python -m benchmarks.bench_step_floor [--steps 3] [--setups before,after]`` (about
+5 minutes per set-up on a 2-core machine; needs the model that ``prepare_model.py`` caches).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from benchmarks.common import Result, format_table
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+MAIN_JOB = REPO_ROOT / "examples" / "gsm8k_remote" / "run_gsm8k_grpo_local.sh"
+TARGET = 1.5
+
+#: Set-up name -> (environment for the main job, extra Hydra overrides).
+SETUPS: dict[str, tuple[dict[str, str], list[str]]] = {
+    "before": ({"BYPASS": "false"}, ["remote_backend.local.threads=1"]),
+    "after": ({}, []),
+}
+
+
+@dataclass(frozen=True)
+class MachineRates:
+    """What the floor divides by: all-core float32 matmul FLOP/s and memory read bytes/s."""
+
+    matmul_flops: float
+    read_bytes_per_s: float
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """One logged step's sizes: ``samples`` sequences of mean ``prompt_tokens`` +
+    ``response_tokens`` tokens, decoded for ``decode_steps`` steps."""
+
+    samples: int
+    prompt_tokens: float
+    response_tokens: float
+    decode_steps: int
+
+
+def measure_machine(threads: int) -> MachineRates:
+    """All-core rates of this process with ``threads`` torch threads: the best square float32
+    matmul (:func:`measure_matmul_flops`) and the best of repeated full reads of a 512 MiB
+    float32 buffer (``sum``: one pass over memory, larger than any cache)."""
+    import torch
+
+    from verl.remote_backend.forwarder.mfu import measure_matmul_flops
+
+    torch.set_num_threads(threads)
+    flops = measure_matmul_flops("cpu", torch.float32, seconds=2.0)
+    buffer = torch.ones(128 * 1024 * 1024, dtype=torch.float32)
+    buffer.sum()
+    best = 0.0
+    for _ in range(5):
+        start = time.perf_counter()
+        buffer.sum()
+        best = max(best, buffer.numel() * 4 / (time.perf_counter() - start))
+    return MachineRates(matmul_flops=flops, read_bytes_per_s=best)
+
+
+def phase_floors(model_path: str, shape: StepShape, rates: MachineRates, *, recompute: bool) -> dict[str, float]:
+    """Floor seconds of each phase of one step (see the module docstring), keyed like verl's
+    ``timing_s/*`` metrics."""
+    from transformers import AutoConfig
+
+    from verl.remote_backend.forwarder.mfu import model_tflops
+    from verl.utils.flops_counter import FlopsCounter
+
+    config = AutoConfig.from_pretrained(model_path)
+    counter = FlopsCounter(config)
+    total = int(round(shape.prompt_tokens + shape.response_tokens))
+    train_flops = model_tflops(counter, [total] * shape.samples) * 1e12
+    prompt_flops = model_tflops(counter, [int(round(shape.prompt_tokens))] * shape.samples) * 1e12 / 3
+    # one decode step: a forward of one token per sequence (the weights' matmuls, 2 FLOPs per weight)
+    weights = sum(p.numel() for p in _meta_model(config).parameters())
+    decode_step_flops = 2.0 * weights * shape.samples
+    decode_step_s = max(decode_step_flops / rates.matmul_flops, weights * 4 / rates.read_bytes_per_s)
+    floors = {
+        "gen": prompt_flops / rates.matmul_flops + shape.decode_steps * decode_step_s,
+        "update_actor": train_flops / rates.matmul_flops,
+    }
+    if recompute:
+        floors["old_log_prob"] = train_flops / 3 / rates.matmul_flops
+    return floors
+
+
+def _meta_model(config: Any) -> Any:
+    """The model built on the meta device (no memory): only its parameter count is read."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
+def run_main_job(workdir: Path, setup: str, *, steps: int) -> list[dict[str, Any]]:
+    """The main job with ``setup``'s settings for ``steps`` steps; returns its logged training
+    steps' metrics (``{"step", "data"}`` rows of verl's file logger)."""
+    env_overrides, hydra_overrides = SETUPS[setup]
+    env = dict(os.environ, WORK_DIR=str(workdir), STEPS=str(steps), SAVE_FREQ=str(steps), VALIDATE="false")
+    env.update(env_overrides, PYTHON_BIN=sys.executable)
+    proc = subprocess.run(["bash", str(MAIN_JOB), *hydra_overrides], env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"main job ({setup}) failed (rc={proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+        )
+    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [row for row in rows if "timing_s/step" in row["data"]]
+
+
+def _median(steps: list[dict[str, Any]], key: str) -> Optional[float]:
+    values = [float(s[key]) for s in steps if key in s]
+    return statistics.median(values) if values else None
+
+
+def compare(setup: str, steps: list[dict[str, Any]], model_path: str, rates: MachineRates) -> list[Result]:
+    """Result lines of one set-up: each phase and the step, measured vs floor."""
+    timed = [row["data"] for row in steps[1:]] or [steps[-1]["data"]]  # the first step warms up
+    samples = int(
+        round(
+            _median(timed, "perf/total_num_tokens")
+            / (_median(timed, "prompt_length/mean") + _median(timed, "response_length/mean"))
+        )
+    )
+    shape = StepShape(
+        samples=samples,
+        prompt_tokens=_median(timed, "prompt_length/mean"),
+        response_tokens=_median(timed, "response_length/mean"),
+        decode_steps=int(_median(timed, "response_length/max")),
+    )
+    recompute = _median(timed, "timing_s/old_log_prob") is not None  # absent in bypass mode
+    floors = phase_floors(model_path, shape, rates, recompute=recompute)
+    results = []
+    for phase, floor in floors.items():
+        measured = _median(timed, f"timing_s/{phase}") or 0.0
+        results.append(
+            Result(
+                row="8 step floor",
+                case=f"{setup}: {phase}",
+                a=measured,
+                a_label="measured s",
+                b=floor,
+                b_label="floor s",
+                ratio=measured / floor,
+            )
+        )
+    io_s = sum(_median(timed, f"timing_s/{k}") or 0.0 for k in ("save_checkpoint", "testing"))
+    step_s = (_median(timed, "timing_s/step") or 0.0) - io_s
+    floor_s = sum(floors.values())
+    tokens = f"{shape.prompt_tokens:.0f}+{shape.response_tokens:.0f} tokens"
+    size = f"{shape.samples} samples, {tokens}, {shape.decode_steps} decode steps"
+    results.append(
+        Result(
+            row="8 step floor",
+            case=f"{setup}: step without checkpoint/validation ({size})",
+            a=step_s,
+            a_label="measured s",
+            b=floor_s,
+            b_label="floor s",
+            ratio=step_s / floor_s,
+            target=f"<= {TARGET}x",
+            met=step_s / floor_s <= TARGET,
+            note=f"checkpoint+validation {io_s:.1f} s not counted",
+        )
+    )
+    return results
+
+
+def run(
+    *, steps: int = 3, setups: tuple[str, ...] = ("before", "after"), model_path: Optional[str] = None
+) -> list[Result]:
+    """The machine's rates, then the main job once per set-up (the rates are measured first,
+    on an idle machine; the runs follow one after the other)."""
+    model_path = model_path or _cached_model()
+    rates = measure_machine(os.cpu_count() or 1)
+    results = [
+        Result(
+            row="8 step floor",
+            case="machine: all-core float32 matmul, memory read",
+            a=rates.matmul_flops / 1e9,
+            a_label="GFLOP/s",
+            b=rates.read_bytes_per_s / 1e9,
+            b_label="GB/s",
+        )
+    ]
+    for setup in setups:
+        with tempfile.TemporaryDirectory(prefix=f"bench_floor_{setup}_") as workdir:
+            results += compare(setup, run_main_job(Path(workdir), setup, steps=steps), model_path, rates)
+    return results
+
+
+def _cached_model() -> str:
+    """The model the main job uses (``prepare_model.py`` prints its path last)."""
+    out = subprocess.run(
+        [sys.executable, str(MAIN_JOB.parent / "prepare_model.py")], capture_output=True, text=True, check=True
+    )
+    return out.stdout.strip().splitlines()[-1]
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--setups", default="before,after")
+    args = parser.parse_args(argv)
+    results = run(steps=args.steps, setups=tuple(s for s in args.setups.split(",") if s))
+    print(format_table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""The step-floor benchmark's arithmetic (``benchmarks/bench_step_floor.py``): each phase's
+floor from the model's size, the step's shape and the machine's rates."""
+
+from __future__ import annotations
+
+import pytest
+from remote_e2e import REPO_ROOT
+
+RATES = dict(matmul_flops=100e9, read_bytes_per_s=10e9)
+
+
+@pytest.fixture()
+def floor(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO_ROOT))
+    from benchmarks import bench_step_floor
+
+    return bench_step_floor
+
+
+@pytest.fixture()
+def llama(tmp_path):
+    """A small Llama config (no weights): 2 layers, hidden 64, MLP 128, vocab 1000, tied."""
+    from transformers import LlamaConfig
+
+    LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, vocab_size=1000, tie_word_embeddings=True,
+    ).save_pretrained(tmp_path)  # fmt: skip
+    return str(tmp_path)
+
+
+def test_each_phase_floor_is_its_flops_or_weight_reads_over_the_machine_rate(floor, llama):
+    rates = floor.MachineRates(**RATES)
+    shape = floor.StepShape(samples=8, prompt_tokens=100, response_tokens=50, decode_steps=60)
+    floors = floor.phase_floors(llama, shape, rates, recompute=True)
+    # parameters: embedding 1000*64 (tied head) + per layer 4*64*64 attention + 3*64*128 MLP + 2*64 norms, + final norm
+    weights = 1000 * 64 + 2 * (4 * 64 * 64 + 3 * 64 * 128 + 2 * 64) + 64
+    decode_step = max(2 * weights * 8 / RATES["matmul_flops"], weights * 4 / RATES["read_bytes_per_s"])
+    assert floors["gen"] > 60 * decode_step  # the decode plus a prefill
+    assert floors["gen"] - 60 * decode_step == pytest.approx(floors["old_log_prob"] * 100 / 150, rel=0.05)
+    assert floors["update_actor"] == pytest.approx(3 * floors["old_log_prob"])  # forward+backward = 3 forwards
+    # the update over T = 8 * 150 tokens is at least 6 FLOPs per non-embedding weight and token
+    assert floors["update_actor"] * RATES["matmul_flops"] >= 6 * (weights - 1000 * 64) * 8 * 150
+    assert "old_log_prob" not in floor.phase_floors(llama, shape, rates, recompute=False)
+
+
+def test_the_step_line_compares_the_step_without_checkpoint_and_validation_to_the_sum_of_floors(floor, llama):
+    rates = floor.MachineRates(**RATES)
+    step = {
+        "perf/total_num_tokens": 8 * 150, "prompt_length/mean": 100, "response_length/mean": 50,
+        "response_length/max": 60, "timing_s/gen": 3.0, "timing_s/update_actor": 4.0,
+        "timing_s/save_checkpoint": 2.0, "timing_s/step": 9.5,
+    }  # fmt: skip
+    results = floor.compare("after", [{"step": 1, "data": step}, {"step": 2, "data": step}], llama, rates)
+    by_case = {r.case.split(" (")[0]: r for r in results}
+    floors = floor.phase_floors(llama, floor.StepShape(8, 100, 50, 60), rates, recompute=False)
+    assert by_case["after: gen"].ratio == pytest.approx(3.0 / floors["gen"])
+    whole = by_case["after: step without checkpoint/validation"]
+    assert whole.a == pytest.approx(7.5) and whole.b == pytest.approx(sum(floors.values()))
+    assert whole.met is (whole.ratio <= floor.TARGET)
