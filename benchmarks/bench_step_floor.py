@@ -123,13 +123,14 @@ def _meta_model(config: Any) -> Any:
         return AutoModelForCausalLM.from_config(config)
 
 
-def run_main_job(workdir: Path, setup: str, *, steps: int) -> list[dict[str, Any]]:
+def run_main_job(workdir: Path, setup: str, model_path: str, *, steps: int) -> list[dict[str, Any]]:
     """The main job with ``setup``'s settings for ``steps`` steps; returns its logged training
     steps' metrics (``{"step", "data"}`` rows of verl's file logger)."""
     env_overrides, hydra_overrides = SETUPS[setup]
     env = dict(os.environ, WORK_DIR=str(workdir), STEPS=str(steps), SAVE_FREQ=str(steps), VALIDATE="false")
     env.update(env_overrides, PYTHON_BIN=sys.executable)
-    proc = subprocess.run(["bash", str(MAIN_JOB), *hydra_overrides], env=env, capture_output=True, text=True)
+    command = ["bash", str(MAIN_JOB), model_path, *hydra_overrides]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(
             f"main job ({setup}) failed (rc={proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
@@ -215,7 +216,7 @@ def run(
     ]
     for setup in setups:
         with tempfile.TemporaryDirectory(prefix=f"bench_floor_{setup}_") as workdir:
-            results += compare(setup, run_main_job(Path(workdir), setup, steps=steps), model_path, rates)
+            results += compare(setup, run_main_job(Path(workdir), setup, model_path, steps=steps), model_path, rates)
     return results
 
 

@@ -164,7 +164,10 @@ def test_the_main_job_script_trains_the_real_model_quietly_and_leaves_a_plot_and
     assert proc.returncode == 0, "\n".join(console[-60:])
     assert len(console) <= 40, "\n".join(console)
     assert "SmolLM2-135M-Instruct" in "\n".join(console)
-    assert sum(line.startswith("[gsm8k-local] step ") for line in console) == 2
+    # one line per training step (step 0 is the validation before training and has no reward)
+    step_lines = [line for line in console if line.startswith("[gsm8k-local] step ")]
+    assert [line.split(":")[0] for line in step_lines] == [f"[gsm8k-local] step {s}" for s in (0, 1, 2)], step_lines
+    assert all(" reward=" in line for line in step_lines[1:]) and " reward=" not in step_lines[0]
     assert any(" reward " in line and "(answer " in line for line in console)
     # verl's validation before training and after the last step, in the step lines and the summary
     assert any(line.startswith("[gsm8k-local] step 0: val_score=") for line in console), "\n".join(console)

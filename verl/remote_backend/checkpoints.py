@@ -10,12 +10,14 @@ backend's format, checked by the ``format_problem`` hook the caller passes (a ba
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import shutil
 from collections.abc import Sequence
 from typing import Callable, Optional
 
-from verl.remote_backend.errors import ResumeCheckpointError
+from verl.remote_backend.errors import CheckpointSaveError, ResumeCheckpointError
 
 __all__ = [
     "TRACKER_FILE",
@@ -31,6 +33,7 @@ __all__ = [
     "complete_checkpoints",
     "check_resume_checkpoint",
     "resume_failure",
+    "storage_failure",
 ]
 
 #: verl's tracker of the last *completed* checkpoint (written after everything else).
@@ -194,4 +197,73 @@ def resume_failure(
     return ResumeCheckpointError(
         f"cannot resume from {step_dir}: {problem}. Nothing was loaded (a partial or corrupt checkpoint is never "
         f"loaded, and no other one is picked silently); {fix}."
+    )
+
+
+# ---------------------------------------------------------------- saves that hit the disk's limits
+#: errno -> what the storage refused; a save failing with one of these is the disk's fault, not the run's.
+_STORAGE_ERRNOS = {
+    errno.ENOSPC: "no space left on the device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EFBIG: "file too large for the file system",
+}
+#: The same failures as writers that do not raise ``OSError`` word them: safetensors
+#: (``IoError(Os { code: 28, kind: StorageFull, ... })``) and torch's archive writer, which keeps
+#: no errno and reports a short write (``[enforce fail at inline_container.cc] ... unexpected pos
+#: 576 vs 534`` or ``... file write failed``: measured on a full tmpfs).
+_STORAGE_MESSAGES = {
+    "No space left on device": _STORAGE_ERRNOS[errno.ENOSPC],
+    "StorageFull": _STORAGE_ERRNOS[errno.ENOSPC],
+    "Disk quota exceeded": _STORAGE_ERRNOS[errno.EDQUOT],
+    "Read-only file system": _STORAGE_ERRNOS[errno.EROFS],
+    "unexpected pos": "a write came up short: no space left on the device (or a failing one)",
+    "file write failed": "a write came up short: no space left on the device (or a failing one)",
+}
+
+
+def _storage_reason(exc: BaseException) -> Optional[str]:
+    """What the storage refused, from ``exc`` or one of its causes; ``None`` when it is not a storage failure."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in _STORAGE_ERRNOS:
+            return _STORAGE_ERRNOS[exc.errno]
+        text = str(exc)
+        for needle, reason in _STORAGE_MESSAGES.items():
+            if needle in text:
+                return reason
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def storage_failure(
+    exc: BaseException, folder: str, *, needed_bytes: Optional[int] = None, what: str = "checkpoint"
+) -> Optional[CheckpointSaveError]:
+    """The :class:`CheckpointSaveError` for a save into ``folder`` that ``exc`` ended, when the
+    storage refused it (full, over quota, read-only, not writable); ``None`` for any other failure
+    (the caller re-raises ``exc`` as it is).
+
+    Called by a backend's checkpoint writer and by the trainer around verl's ``data.pt`` and
+    tracker, *after* they removed what the failed save left. ``needed_bytes``: what the whole
+    save writes (estimated by the caller), stated next to the space free.
+    """
+    reason = _storage_reason(exc)
+    if reason is None:
+        return None
+    folder = os.path.abspath(folder)
+    probe = folder
+    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    try:
+        free = f"{shutil.disk_usage(probe).free / 2**20:.1f} MiB free there"
+    except OSError:
+        free = "free space unknown"
+    needed = f", this {what} needs about {needed_bytes / 2**20:.1f} MiB" if needed_bytes else ""
+    return CheckpointSaveError(
+        f"{what} not saved in {folder}: {reason} ({free}{needed}). What this save wrote was "
+        "removed and the previous complete checkpoint is untouched (resume selects it). Fix: free space there, "
+        "or set trainer.default_local_dir to a writable folder on a larger disk (a save needs room for one more "
+        f"checkpoint next to the kept ones: trainer.max_actor_ckpt_to_keep). Cause: {type(exc).__name__}: {exc}"
     )

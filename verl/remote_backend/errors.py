@@ -22,6 +22,7 @@ __all__ = [
     "BackendOutputError",
     "BackendTransportError",
     "ResumeCheckpointError",
+    "CheckpointSaveError",
     "RunInterruptedError",
 ]
 
@@ -148,6 +149,13 @@ class BackendTransportError(BackendError, ConnectionError):
 
 class ResumeCheckpointError(BackendError):
     """The checkpoint a run would resume from is missing, partial or corrupt (never loaded silently)."""
+
+
+class CheckpointSaveError(BackendError):
+    """A checkpoint could not be written (disk full, quota, read-only or unwritable folder). The
+    message names the folder, the space free and needed, and the fix; what was half-written is
+    removed, and the previous complete checkpoint is untouched (built by
+    :func:`verl.remote_backend.checkpoints.storage_failure`)."""
 
 
 class RunInterruptedError(Exception):

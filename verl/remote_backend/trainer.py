@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -18,7 +19,8 @@ from typing import Any, Optional
 import ray
 
 from verl.remote_backend.base import RemoteBackend, destroy_backend
-from verl.remote_backend.errors import BackendTimeoutError, ConfigError, RunInterruptedError
+from verl.remote_backend.checkpoints import storage_failure, tracker_step
+from verl.remote_backend.errors import BackendTimeoutError, CheckpointSaveError, ConfigError, RunInterruptedError
 from verl.remote_backend.forwarder.backend_worker import backend_worker_class
 from verl.remote_backend.launch.cpu_compat import install_flash_attn_fallback
 from verl.remote_backend.launch.interrupts import raise_if_interrupted
@@ -190,6 +192,26 @@ class RemoteBackendTrainer(RayPPOTrainer):
             metrics.update(remote_overhead_metrics(metrics, wall))
         return output
 
+    def _save_checkpoint(self) -> None:
+        """verl's save (the backend's ``actor/``, then verl's ``data.pt``, then the tracker). When
+        the storage refuses any part of it, this step's folder is removed unless the tracker
+        already names it (so resume cannot pick a half-written step) and the run ends with
+        :class:`CheckpointSaveError` naming the folder and the fix; the previous checkpoint and the
+        tracker that names it are untouched."""
+        try:
+            super()._save_checkpoint()
+        except Exception as exc:
+            root = os.path.abspath(self.config.trainer.default_local_dir)
+            step_dir = os.path.join(root, f"global_step_{self.global_steps}")
+            refused = exc if _is_save_refusal(exc) else storage_failure(exc, step_dir)
+            if refused is None:
+                raise
+            if tracker_step(root) != self.global_steps:
+                shutil.rmtree(step_dir, ignore_errors=True)
+            if refused is exc:
+                raise
+            raise refused from exc
+
     def fit(self) -> None:
         """verl's training loop; the backend is destroyed afterwards, whatever happens.
 
@@ -245,3 +267,15 @@ class RemoteBackendTrainer(RayPPOTrainer):
         self._backend_destroyed = True
         print(f"[remote_backend] destroyed backend {self.plan.name!r}", flush=True)
         return True
+
+
+def _is_save_refusal(exc: BaseException) -> bool:
+    """A :class:`CheckpointSaveError` raised by the backend's save, whether it arrives as itself or
+    wrapped by Ray (``RayTaskError`` subclasses the cause's type) or by the forwarder."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, CheckpointSaveError):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False

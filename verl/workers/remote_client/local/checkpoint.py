@@ -56,6 +56,7 @@ def write_checkpoint_dir(
     step: int,
     writers: Mapping[str, Callable[[str], None]],
     extra: Optional[Mapping[str, Any]] = None,
+    needed_bytes: Optional[int] = None,
 ) -> str:
     """Atomically create (or replace) checkpoint directory ``path``.
 
@@ -64,19 +65,31 @@ def write_checkpoint_dir(
         step: training step recorded in the manifest.
         writers: file name -> function writing that file at the given full path.
         extra: more JSON-serialisable manifest fields.
+        needed_bytes: what the files take in all (estimated), named in the error of a save the
+            disk refuses.
 
     Returns:
         the absolute path written.
+
+    Raises:
+        CheckpointSaveError: the storage refused the write (full, quota, read-only, not
+            writable): nothing of this save is left (not even the parent it created), an
+            existing ``path`` is untouched.
     """
     path = os.path.abspath(os.path.expanduser(path))
     parent = os.path.dirname(path)
-    os.makedirs(parent, exist_ok=True)
+    created = _missing_folders(parent)
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except OSError as exc:
+        raise _refused(exc, path, needed_bytes, created) from exc
     # Leftovers of a write that was killed before its rename (one writer per path: none is live).
     for stale in glob.glob(os.path.join(glob.escape(parent), f".{glob.escape(os.path.basename(path))}.tmp-*")):
         shutil.rmtree(stale, ignore_errors=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp-", dir=parent)
-    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it 0700; the checkpoint gets the user's normal mode
+    tmp = None
     try:
+        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp-", dir=parent)
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it 0700; the checkpoint gets the user's normal mode
         files = {}
         for name, write in writers.items():
             target = os.path.join(tmp, name)
@@ -91,10 +104,39 @@ def write_checkpoint_dir(
             os.fsync(fh.fileno())
         _swap_in(tmp, path)
         _fsync_dir(parent)  # the rename itself durable
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    except BaseException as exc:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        refused = _refused(exc, path, needed_bytes, created)
+        if refused is None:
+            raise
+        raise refused from exc
     return path
+
+
+def _missing_folders(folder: str) -> list[str]:
+    """``folder`` and its missing ancestors, deepest first (what ``makedirs`` would create)."""
+    missing = []
+    while folder and not os.path.exists(folder) and os.path.dirname(folder) != folder:
+        missing.append(folder)
+        folder = os.path.dirname(folder)
+    return missing
+
+
+def _refused(exc: BaseException, path: str, needed_bytes: Optional[int], created: list[str]) -> Optional[Exception]:
+    """The :class:`CheckpointSaveError` for a write the storage refused, after removing the folders
+    this save created (a ``global_step_<N>/`` left empty would look like a save in progress);
+    ``None`` for any other failure."""
+    from verl.remote_backend.checkpoints import storage_failure
+
+    refused = storage_failure(exc, path, needed_bytes=needed_bytes)
+    if refused is not None:
+        for folder in created:
+            try:
+                os.rmdir(folder)  # only if empty: never anything another writer put there
+            except OSError:
+                break
+    return refused
 
 
 def verify_checkpoint_dir(path: str, step: Optional[int] = None, *, checksums: bool = True) -> dict[str, Any]:

@@ -350,7 +350,8 @@ class LocalEngine:
                 _STATE_FILE: lambda f: torch.save(state, f),
                 **self._huggingface_export_writers(),
             }
-            written = write_checkpoint_dir(path, step, writers, extra={"backend": "local"})
+            needed = _tensor_bytes(self.model.state_dict()) + _tensor_bytes(optim_state)
+            written = write_checkpoint_dir(path, step, writers, extra={"backend": "local"}, needed_bytes=needed)
             self.global_step = step
             return written
 
@@ -425,3 +426,14 @@ class LocalEngine:
     def _check_token_ids(self, ids: torch.Tensor) -> None:
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
             raise ValueError(f"input_ids contains ids outside the vocabulary [0, {self.vocab_size})")
+
+
+def _tensor_bytes(state: Any) -> int:
+    """Bytes of the tensors in a (nested) state dict: what saving it writes, give or take headers."""
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(_tensor_bytes(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in state)
+    return 0
