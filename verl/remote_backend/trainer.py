@@ -19,7 +19,7 @@ from typing import Any, Optional
 import ray
 
 from verl.remote_backend.base import RemoteBackend, destroy_backend
-from verl.remote_backend.checkpoints import storage_failure, tracker_step
+from verl.remote_backend.checkpoints import TRACKER_FILE, storage_failure, tracker_step
 from verl.remote_backend.errors import BackendTimeoutError, CheckpointSaveError, ConfigError, RunInterruptedError
 from verl.remote_backend.forwarder.backend_worker import backend_worker_class
 from verl.remote_backend.launch.cpu_compat import install_flash_attn_fallback
@@ -198,16 +198,21 @@ class RemoteBackendTrainer(RayPPOTrainer):
         already names it (so resume cannot pick a half-written step) and the run ends with
         :class:`CheckpointSaveError` naming the folder and the fix; the previous checkpoint and the
         tracker that names it are untouched."""
+        root = os.path.abspath(self.config.trainer.default_local_dir)
+        previous = tracker_step(root)
         try:
             super()._save_checkpoint()
         except Exception as exc:
-            root = os.path.abspath(self.config.trainer.default_local_dir)
             step_dir = os.path.join(root, f"global_step_{self.global_steps}")
             refused = exc if _is_save_refusal(exc) else storage_failure(exc, step_dir)
             if refused is None:
                 raise
             if tracker_step(root) != self.global_steps:
                 shutil.rmtree(step_dir, ignore_errors=True)
+                # verl opens the tracker with "w" before writing: a write the disk refused leaves it
+                # empty. The truncation freed its bytes, so the previous step fits back in.
+                if previous is not None and tracker_step(root) != previous:
+                    _rewrite_tracker(root, previous)
             if refused is exc:
                 raise
             raise refused from exc
@@ -267,6 +272,15 @@ class RemoteBackendTrainer(RayPPOTrainer):
         self._backend_destroyed = True
         print(f"[remote_backend] destroyed backend {self.plan.name!r}", flush=True)
         return True
+
+
+def _rewrite_tracker(root: str, step: int) -> None:
+    """Put ``step`` back into verl's tracker (best effort: the disk may still refuse it)."""
+    try:
+        with open(os.path.join(root, TRACKER_FILE), "w") as fh:
+            fh.write(str(step))
+    except OSError:
+        logger.warning("could not restore %s to step %d", os.path.join(root, TRACKER_FILE), step)
 
 
 def _is_save_refusal(exc: BaseException) -> bool:

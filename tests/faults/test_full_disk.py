@@ -1,5 +1,7 @@
-"""Checkpoint saves on a disk that fills up or is read-only (a real tmpfs made by the test):
-a clear error naming the folder and the space, the previous checkpoint intact, nothing half-written."""
+"""Fault injection, storage: checkpoint saves on a disk that fills up or is read-only (a real tmpfs
+made by the test): a clear error naming the folder and the space, the previous checkpoint intact
+(protected: verified again when the test ends), nothing half-written. Counted in the fault tally.
+The whole run on a disk that fills up is in ``test_full_disk_e2e.py``."""
 
 from __future__ import annotations
 
@@ -53,46 +55,48 @@ def test_a_failure_that_is_not_the_disks_is_left_as_it_is():
     assert storage_failure(KeyboardInterrupt(), "/nowhere") is None
 
 
-def test_a_save_that_fills_the_disk_leaves_the_previous_checkpoint_and_nothing_else(tmp_path):
+def test_a_save_that_fills_the_disk_leaves_the_previous_checkpoint_and_nothing_else(fault, tmp_path):
     from verl.workers.remote_client.local.checkpoint import verify_checkpoint_dir, write_checkpoint_dir
 
     with small_tmpfs(tmp_path / "disk", 3 * MIB) as disk:
         first = disk / "global_step_1" / "actor"
         write_checkpoint_dir(str(first), 1, _writers(MIB))  # ~2 MiB: fits
+        fault.protect(str(first))
         second = disk / "global_step_2" / "actor"
-        with pytest.raises(CheckpointSaveError, match=f"checkpoint not saved in {second}: .*no space left") as caught:
+        with fault.expect(CheckpointSaveError, match=f"checkpoint not saved in {second}: .*no space left", within_s=10):
             write_checkpoint_dir(str(second), 2, _writers(MIB), needed_bytes=2 * MIB)
-        assert "needs about 2.0 MiB" in str(caught.value)
-        assert verify_checkpoint_dir(str(first), 1)["step"] == 1  # every file, checksums included
         assert sorted(os.listdir(disk)) == ["global_step_1"]  # no global_step_2/, no temporary folder
         # replacing a checkpoint in place: the old one stays when the new one does not fit
-        with pytest.raises(CheckpointSaveError):
+        with fault.expect(CheckpointSaveError, match="no space left", within_s=10):
             write_checkpoint_dir(str(first), 1, _writers(MIB + MIB // 2))
-        assert verify_checkpoint_dir(str(first), 1)["step"] == 1
+        assert verify_checkpoint_dir(str(first), 1)["step"] == 1  # every file, checksums included
         assert sorted(os.listdir(disk / "global_step_1")) == ["actor"]
+        # the protected checkpoint is verified here, while the tmpfs is still mounted (not at teardown)
+        assert not fault.verify_protected()
+        fault.protected.clear()
 
 
-def test_a_read_only_checkpoint_folder_is_named_with_the_fix(tmp_path):
+def test_a_read_only_checkpoint_folder_is_named_with_the_fix(fault, tmp_path):
     from verl.workers.remote_client.local.checkpoint import write_checkpoint_dir
 
     with small_tmpfs(tmp_path / "disk", 4 * MIB) as disk:
         remount_read_only(disk)
-        with pytest.raises(CheckpointSaveError, match="read-only file system") as caught:
-            write_checkpoint_dir(str(disk / "global_step_1" / "actor"), 1, _writers(MIB))
-        assert str(disk / "global_step_1" / "actor") in str(caught.value)
+        target = disk / "global_step_1" / "actor"
+        with fault.expect(CheckpointSaveError, match=f"not saved in {target}: read-only file system", within_s=10):
+            write_checkpoint_dir(str(target), 1, _writers(MIB))
 
 
-def test_a_disk_already_full_before_the_save_fails_the_same_way(tmp_path):
+def test_a_disk_already_full_before_the_save_fails_the_same_way(fault, tmp_path):
     from verl.workers.remote_client.local.checkpoint import write_checkpoint_dir
 
     with small_tmpfs(tmp_path / "disk", 2 * MIB) as disk:
         fill(disk)
-        with pytest.raises(CheckpointSaveError, match="no space left"):
+        with fault.expect(CheckpointSaveError, match="no space left", within_s=10):
             write_checkpoint_dir(str(disk / "ckpt" / "global_step_1" / "actor"), 1, _writers(MIB // 4))
         assert sorted(os.listdir(disk)) == ["filler"]
 
 
-def test_verls_own_data_pt_on_a_full_disk_removes_the_step_and_keeps_the_tracker(tmp_path, monkeypatch):
+def test_verls_own_data_pt_on_a_full_disk_removes_the_step_and_keeps_the_tracker(fault, tmp_path, monkeypatch):
     """The trainer's guard around verl's ``_save_checkpoint``: the backend's files fitted, verl's
     ``data.pt`` (a real ``torch.save``) does not; ``global_step_2/`` goes, step 1 stays named."""
     from omegaconf import OmegaConf
@@ -113,7 +117,36 @@ def test_verls_own_data_pt_on_a_full_disk_removes_the_step_and_keeps_the_tracker
         trainer = object.__new__(RemoteBackendTrainer)  # only the save path: no Ray, no workers
         trainer.config = OmegaConf.create({"trainer": {"default_local_dir": str(disk)}})
         trainer.global_steps = 2
-        with pytest.raises(CheckpointSaveError, match=f"checkpoint not saved in {disk / 'global_step_2'}: "):
+        with fault.expect(CheckpointSaveError, match=f"checkpoint not saved in {disk / 'global_step_2'}: ", within_s=10):
             trainer._save_checkpoint()
         assert sorted(os.listdir(disk)) == ["global_step_1", TRACKER_FILE]
         assert (disk / TRACKER_FILE).read_text() == "1"
+
+
+def test_a_tracker_write_the_disk_refuses_is_restored_to_the_previous_step(fault, tmp_path, monkeypatch):
+    """verl truncates its tracker before writing the new step: when that write fails, the guard puts
+    the previous step back, so resume still finds the last complete checkpoint."""
+    from omegaconf import OmegaConf
+
+    from verl.remote_backend.checkpoints import TRACKER_FILE, tracker_step
+    from verl.remote_backend.trainer import RemoteBackendTrainer
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    with small_tmpfs(tmp_path / "disk", MIB) as disk:
+        (disk / "global_step_1" / "actor").mkdir(parents=True)
+        (disk / TRACKER_FILE).write_text("1")
+
+        def verl_save(self) -> None:  # actor/ and data.pt fit; the tracker is opened with "w", then the disk is full
+            (disk / "global_step_2" / "actor").mkdir(parents=True)
+            torch.save({"sampler": torch.zeros(16)}, disk / "global_step_2" / "data.pt")
+            open(disk / TRACKER_FILE, "w").close()
+            raise OSError(28, "No space left on device", str(disk / TRACKER_FILE))
+
+        monkeypatch.setattr(RayPPOTrainer, "_save_checkpoint", verl_save)
+        trainer = object.__new__(RemoteBackendTrainer)
+        trainer.config = OmegaConf.create({"trainer": {"default_local_dir": str(disk)}})
+        trainer.global_steps = 2
+        with fault.expect(CheckpointSaveError, match="no space left on the device", within_s=10):
+            trainer._save_checkpoint()
+        assert tracker_step(str(disk)) == 1
+        assert sorted(os.listdir(disk)) == ["global_step_1", TRACKER_FILE]
