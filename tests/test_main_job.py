@@ -155,7 +155,7 @@ def test_the_main_job_script_trains_the_real_model_quietly_and_leaves_a_plot_and
 
     env = dict(
         os.environ, WORK_DIR=str(tmp_path / "work"), STEPS="2", SAVE_FREQ="1", BATCH="2", ROLLOUT_N="2",
-        RESPONSE_LEN="32", PYTHON_BIN=sys.executable,
+        RESPONSE_LEN="32", VAL_PROMPTS="4", PYTHON_BIN=sys.executable,
     )  # fmt: skip
     proc = subprocess.run(
         ["bash", str(EXAMPLE / "run_gsm8k_grpo_local.sh")], env=env, capture_output=True, text=True, timeout=1400

@@ -19,6 +19,7 @@
 #   PROMPT_LEN (256), RESPONSE_LEN (96), LR (5e-5), TEMPERATURE (0.7), SEED (0: data order and
 #   sampling), SAVE_FREQ (2: a checkpoint every 2 steps, so Ctrl-C loses at most 2 steps),
 #   BYPASS (true: old log-probs are the sampler's, no recompute), VALIDATE (true: before and after),
+#   VAL_PROMPTS (32 held-out prompts the validation scores),
 #   VERBOSE (0), PYTHON_BIN (use this interpreter instead of the managed environment of step 1).
 set -euo pipefail
 
@@ -48,7 +49,7 @@ fi
 
 echo "[gsm8k-local] preparing data in $work/data"
 "$python" "$here/prepare_gsm8k.py" --output-dir "$work/data" \
-    --max-question-chars 200 --max-train 256 --max-test 32 --worked-example >>"$work/prepare.log" 2>&1
+    --max-question-chars 200 --max-train 256 --max-test "${VAL_PROMPTS:-32}" --worked-example >>"$work/prepare.log" 2>&1
 
 if [ "$model_path" = "tiny" ]; then
     model_path="$work/tiny_model"

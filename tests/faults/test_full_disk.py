@@ -117,7 +117,9 @@ def test_verls_own_data_pt_on_a_full_disk_removes_the_step_and_keeps_the_tracker
         trainer = object.__new__(RemoteBackendTrainer)  # only the save path: no Ray, no workers
         trainer.config = OmegaConf.create({"trainer": {"default_local_dir": str(disk)}})
         trainer.global_steps = 2
-        with fault.expect(CheckpointSaveError, match=f"checkpoint not saved in {disk / 'global_step_2'}: ", within_s=10):
+        with fault.expect(
+            CheckpointSaveError, match=f"checkpoint not saved in {disk / 'global_step_2'}: ", within_s=10
+        ):
             trainer._save_checkpoint()
         assert sorted(os.listdir(disk)) == ["global_step_1", TRACKER_FILE]
         assert (disk / TRACKER_FILE).read_text() == "1"
