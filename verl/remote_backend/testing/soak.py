@@ -206,6 +206,7 @@ class ProcessSampler:
         try:
             from ray._private.internal_api import get_memory_info_reply, get_state_from_address
 
+            _use_ray_token()
             reply = get_memory_info_reply(get_state_from_address(self._gcs_address), timeout_seconds=10)
             return reply.store_stats.object_store_bytes_used / _MB
         except Exception:  # noqa: BLE001 - the cluster may be starting or gone; the sample goes without it
@@ -232,6 +233,30 @@ class ProcessSampler:
             start = {m: getattr(series[0], m) for m in MEASURES}
             reports.append(ProcessReport(role, pid, steps[0], steps[-1], len(after), trends, start))
         return reports
+
+
+def _use_ray_token() -> None:
+    """Let this process talk to a local cluster that uses Ray's token authentication (the default
+    since Ray 2.5x for a cluster ``ray.init`` starts, with the token in ``~/.ray/auth_token``).
+
+    Ray switches a process to token mode by setting ``RAY_AUTH_MODE=token`` in its environment;
+    the variable is put back as it was afterwards, so processes this one starts later (the next
+    test's run) still choose for themselves."""
+    try:
+        from ray._private.authentication.authentication_token_setup import (
+            AUTH_MODE_ENV_VAR,
+            maybe_enable_token_auth_if_token_available,
+        )
+    except ImportError:  # a Ray without token authentication
+        return
+    before = os.environ.get(AUTH_MODE_ENV_VAR)
+    try:
+        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+    finally:
+        if before is None:
+            os.environ.pop(AUTH_MODE_ENV_VAR, None)
+        else:
+            os.environ[AUTH_MODE_ENV_VAR] = before
 
 
 def _gcs_address(cmdline: Sequence[str]) -> Optional[str]:
