@@ -18,6 +18,7 @@ absolute level. Needs ``psutil`` (a dependency of this package) and, for the obj
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from dataclasses import asdict, dataclass, field
@@ -250,9 +251,13 @@ def _use_ray_token() -> None:
     except ImportError:  # a Ray without token authentication
         return
     before = os.environ.get(AUTH_MODE_ENV_VAR)
+    ray_logger = logging.getLogger(maybe_enable_token_auth_if_token_available.__module__)
+    level = ray_logger.level
+    ray_logger.setLevel(logging.ERROR)  # its "token authentication is enabled" warning, once per sample
     try:
         maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
     finally:
+        ray_logger.setLevel(level)
         if before is None:
             os.environ.pop(AUTH_MODE_ENV_VAR, None)
         else:
