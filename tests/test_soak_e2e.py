@@ -17,8 +17,10 @@ TEST_TIER = "e2e"
 STEPS = 30
 EVERY = 2
 WARMUP = 10
-#: Most a process's RSS may rise over its first sample after the warm-up, in MiB.
-RSS_RISE_MB = 150.0
+#: Most a process's RSS may rise over its first sample after the warm-up, in MiB. Measured in two
+#: runs: the engine 22.8 MiB and under 60 MiB (its allocator still settling; +34 MiB between steps 20
+#: and 30 of the 500-step soak, flat within +-40 MiB after step 100), every other process <= 2.7 MiB.
+RSS_RISE_MB = 100.0
 #: Most MiB Ray's object store may hold between two steps.
 OBJECT_STORE_MB = 16.0
 #: fds/threads: the highest count of the run's second half may exceed the first half's by this much.
