@@ -28,28 +28,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
-from benchmarks.common import Result, format_table
+from benchmarks.common import Result, e2e_helpers, format_table
 
 TARGET = 0.10
-
-
-def _e2e_helpers():
-    """The end-to-end harness of the test suite (``tests/remote_e2e.py``: gsm8k subset, tiny
-    model, small-CI overrides, entry-point runner), loaded from its file: ``tests`` is not a
-    package, and ``sys.path`` stays as it is."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "tests" / "remote_e2e.py"
-    spec = importlib.util.spec_from_file_location("remote_e2e", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("remote_e2e", module)  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return sys.modules["remote_e2e"]
 
 
 def run_grpo(
@@ -63,7 +48,7 @@ def run_grpo(
     response_len: int = 64,
 ) -> tuple[Any, dict[str, Any]]:
     """One GRPO run through the entry point; returns (RunResult, the settings used)."""
-    e2e = _e2e_helpers()
+    e2e = e2e_helpers()
     from verl.remote_backend.testing.tiny_model import build_tiny_model
 
     model = build_tiny_model(str(workdir / "model"), hidden_size=hidden, num_layers=layers)

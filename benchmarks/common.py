@@ -10,8 +10,10 @@ defines it, and ``target`` states the issue's threshold for that ratio.
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -23,6 +25,7 @@ __all__ = [
     "left_right_lengths",
     "dense_verl_batch",
     "nested_verl_batch",
+    "e2e_helpers",
 ]
 
 
@@ -184,3 +187,18 @@ def nested_verl_batch(batch: int, prompt_width: int, response_width: int, *, see
     else:
         tu.assign_non_tensor(td, calculate_entropy=True, compute_loss=False)
     return td
+
+
+# ---------------------------------------------------------------- end-to-end runs
+def e2e_helpers():
+    """The end-to-end harness of the test suite (``tests/remote_e2e.py``: gsm8k subset, tiny
+    model, small-CI overrides, entry-point runner), loaded from its file: ``tests`` is not a
+    package, and ``sys.path`` stays as it is."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "tests" / "remote_e2e.py"
+    spec = importlib.util.spec_from_file_location("remote_e2e", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("remote_e2e", module)  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return sys.modules["remote_e2e"]

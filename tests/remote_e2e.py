@@ -18,7 +18,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TESTS_DIR = Path(__file__).resolve().parent
@@ -153,6 +153,39 @@ def small_ci_overrides(
         "trainer.project_name=vrb_tests",
         "trainer.experiment_name=e2e",
         NO_RAY_DASHBOARD,
+    ]
+
+
+def soak_overrides(
+    *,
+    model: str,
+    train: str,
+    test: str,
+    ckpt_dir: Path,
+    steps: int,
+    batch_size: int = 4,
+    rollout_n: int = 2,
+    response_len: int = 16,
+) -> list[str]:
+    """:func:`small_ci_overrides` for a long run (the soak benchmark and its CI version): ``steps``
+    steps end it, not the data (verl loops over the prompts for as many epochs as it takes), no
+    checkpoints, and a reward that varies within each GRPO group (tests/toy_reward.py) so that every
+    update really changes the weights the sampler uses, as in a real run."""
+    base = small_ci_overrides(
+        model=model,
+        train=train,
+        test=test,
+        ckpt_dir=ckpt_dir,
+        steps=steps,
+        batch_size=batch_size,
+        rollout_n=rollout_n,
+        response_len=response_len,
+    )
+    return base + [
+        "trainer.total_epochs=100000",
+        "actor_rollout_ref.actor.optim.lr=1e-4",
+        f"reward.custom_reward_function.path={TESTS_DIR / 'toy_reward.py'}",
+        "reward.custom_reward_function.name=digit_share",
     ]
 
 
@@ -318,8 +351,14 @@ def run_entry(
     workdir: Path,
     env_extra: Optional[dict[str, str]] = None,
     timeout_s: float = 900,
+    monitor: Optional[Callable[[int, Path], None]] = None,
 ) -> RunResult:
-    """Run the entry point in a child process; collect output, metrics, wall time, peak memory."""
+    """Run the entry point in a child process; collect output, metrics, wall time, peak memory.
+
+    ``monitor(child_pid, metrics_path)``, when given, is called about once a second from the
+    thread that samples memory while the child runs (a soak run samples its processes there at
+    step boundaries, which it reads from ``metrics_path``, verl's file logger); an exception it
+    raises ends the run's monitoring and is raised here once the child has exited."""
     metrics_path = workdir / "metrics.jsonl"
     log_path = workdir / "run.log"
     workdir.mkdir(parents=True, exist_ok=True)
@@ -338,6 +377,7 @@ def run_entry(
     cmd = [sys.executable, "-m", "verl.remote_backend.main_ppo", f"hydra.run.dir={workdir}/hydra", *overrides]
     peak = 0
     seen: dict = {}
+    monitor_error: list[BaseException] = []
     start = time.monotonic()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -349,6 +389,11 @@ def run_entry(
                 procs = _tree(proc.pid)
                 seen.update({p.pid: p for p in procs})
                 peak = max(peak, _pss(procs))
+                if monitor is not None and not monitor_error:
+                    try:
+                        monitor(proc.pid, metrics_path)
+                    except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+                        monitor_error.append(exc)
                 stop.wait(1.0)
 
         sampler = threading.Thread(target=sample, daemon=True)
@@ -363,6 +408,8 @@ def run_entry(
             stop.set()
             sampler.join()
             _reap(seen)
+    if monitor_error:
+        raise monitor_error[0]
     metrics = []
     if metrics_path.exists():
         metrics = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]

@@ -72,11 +72,20 @@ class EngineActor:
         self._admission_paused = 0  # > 0 while some call needs the decode batch drained
         self._step_in_flight = False
         self.batches_run = 0  # admission events (prefills), for tests and the benchmark
+        self.peak_rows = 0  # most rows ever decoded together (bounded by max_batch_size)
 
     async def info(self) -> dict[str, Any]:
         if self.init_error is not None:
             raise self.init_error
-        return {**self.engine.info(), "batches_run": self.batches_run, "threads": self.threads}
+        return {
+            **self.engine.info(),
+            "batches_run": self.batches_run,
+            "threads": self.threads,
+            # the sampler's request bookkeeping: both 0 once every request has been answered
+            "pending_requests": len(self._pending),
+            "decoding_rows": len(self._batch),
+            "peak_rows": self.peak_rows,
+        }
 
     async def compute_log_prob(
         self, data: Any, *, ref: bool, calculate_entropy: bool, temperature: float
@@ -170,6 +179,7 @@ class EngineActor:
                 self._step_in_flight = False
             if admit:
                 self.batches_run += 1
+            self.peak_rows = max(self.peak_rows, len(self._batch) + len(finished))
             for fut, result in finished:
                 if not fut.done():
                     fut.set_result(result)
