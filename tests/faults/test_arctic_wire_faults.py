@@ -106,6 +106,11 @@ class Client:
         run(self.owner.destroy())
 
 
+def show(outcome) -> None:
+    """What the user reads first (``pytest -s`` shows it; the README quotes these lines)."""
+    print(f"[wire fault] {outcome.seconds:.2f}s: {str(outcome.error).splitlines()[0]}")
+
+
 def calls(url: str) -> Counter:
     import requests
 
@@ -145,12 +150,36 @@ def test_silent_server_fails_each_op_within_its_limit_naming_op_address_and_key(
         ) as outcome:
             run(client.call(op))
         assert outcome.seconds >= limit, f"failed before its limit ({outcome.seconds:.2f}s < {limit}s)"
+        show(outcome)
         first_line = str(outcome.error).splitlines()[0]
         assert op in first_line and f"127.0.0.1:{proxy.port}" in first_line and f"timeouts.{op}" in first_line
     # nothing reached the server while it was silent, and nothing is re-sent once it answers again
     time.sleep(0.5)
     assert training_calls(calls(server.url)) == training_calls(before)
     run(client.call("compute_log_prob"))  # the same client works again once the server answers
+
+
+@pytest.mark.slow
+def test_silent_server_with_the_default_liveness_is_declared_dead_by_the_watchdog(fault, proxied, monkeypatch):
+    """The shipped defaults: op limits of 30 min and more, health probes every 5 s with 10 s each -
+    the watchdog ends a call to a silent server after ~25 s, long before the op's own limit."""
+    from arctic_standin.harness import compose_config
+    from omegaconf import OmegaConf
+
+    proxy, client, _ = proxied
+    cfg = compose_config(client.cfg.actor_rollout_ref.model.path, client.cfg.trainer.default_local_dir, proxy.port,
+                         ["actor_rollout_ref.actor.use_kl_loss=false"])  # fmt: skip
+    OmegaConf.update(cfg, "remote_backend.arctic.connect_timeout_s", 10)  # arctic.yaml's default
+    forwarder = in_process_forwarder(cfg, client.owner.reconnect_handle(), monkeypatch)
+    with proxy.black_hole():
+        with fault.expect(
+            BackendDiedError,
+            match=r"^remote backend 'arctic' died during compute_log_prob: 2 consecutive health probes failed "
+            rf"\(last: .*(timeouts\.health|connect_timeout_s).*127\.0\.0\.1:{proxy.port}",
+            within_s=35,
+        ) as outcome:
+            run(forwarder.compute_log_prob(client.batch()))
+        show(outcome)
 
 
 def test_slow_server_below_the_limit_gives_the_same_answers(proxied):
@@ -167,6 +196,7 @@ def test_slow_server_below_the_limit_gives_the_same_answers(proxied):
         slow_gen = run(client.rollout.generate("r2", prompt_ids=prompt, sampling_params=params))
         out = run(client.call("update_actor"))
     assert lp_s >= 0.3, f"the proxy added no latency ({lp_s:.2f}s)"
+    print(f"[wire fault] slow server (+0.3 s per answer): compute_log_prob took {lp_s:.2f}s, same log-probs")
     torch.testing.assert_close(slow_lp, direct_lp, rtol=0, atol=0)
     assert slow_gen.token_ids == direct_gen.token_ids and len(slow_gen.token_ids) > 0
     metrics = out.get_non_tensor("metrics") if hasattr(out, "get_non_tensor") else out["metrics"]
@@ -189,8 +219,9 @@ def test_slow_server_above_the_update_limit_fails_and_never_resends_a_step(fault
             match=rf"^remote backend 'arctic': update_actor did not finish within 3s\. .*remote_backend\.timeouts"
             rf"\.update_actor .*127\.0\.0\.1:{proxy.port}",
             within_s=LIMITS["update_actor"] + SLACK_S,
-        ):
+        ) as outcome:
             run(client.call("update_actor"))
+        show(outcome)
         time.sleep(latency + 1.0)  # every answer still on its way has arrived: the abandoned call is over
     after, sent = calls(server.url), proxy.requests_sent()
     done = {p: after[p] - before[p] for p in TRAINING_ENDPOINTS}
@@ -255,8 +286,9 @@ def test_server_restarted_between_steps_is_named_and_nothing_trains_on_the_fresh
                 match=rf"^remote backend 'arctic' died during {op}\b.*: the Arctic RL server at 127\.0\.0\.1:{port} "
                 r"no longer holds this run's jobs \(.*is gone.*\): it has restarted",
                 within_s=10,
-            ):
+            ) as outcome:
                 run(attached.call(op))
+            show(outcome)
         fresh = calls(url)
         assert training_calls(fresh) == {"/forward-backward": 0, "/step": 0}, fresh
         import requests

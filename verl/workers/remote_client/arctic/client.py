@@ -416,7 +416,13 @@ class ArcticBackend(RemoteBackend):
         except BackendClosedError:
             raise
         except Exception as exc:
-            raise translate_error(exc, op="health", address=self._address, timeout_s=self._probe_limit()) from exc
+            raise translate_error(
+                exc,
+                op="health",
+                address=self._address,
+                timeout_s=self._probe_limit(),
+                timeout_key="remote_backend.arctic.connect_timeout_s",
+            ) from exc
         if problem is not None:
             raise self._lost_state("health", problem)
 

@@ -35,8 +35,16 @@ def _detail_from_body(text: str) -> str:
     return text[:2000]
 
 
-def translate_error(exc: BaseException, *, op: str, address: str, timeout_s: Optional[float] = None) -> Exception:
-    """Map a transport exception raised during ``op`` to an :class:`ArcticBackendError`.
+def translate_error(
+    exc: BaseException,
+    *,
+    op: str,
+    address: str,
+    timeout_s: Optional[float] = None,
+    timeout_key: str = "remote_backend.arctic.request_timeout_s",
+) -> Exception:
+    """Map a transport exception raised during ``op`` to an :class:`ArcticBackendError`
+    (a time-out names ``timeout_key``, the setting of the limit that ran out).
 
     ``requests`` keeps the response body on ``HTTPError.response``, so the server's
     ``detail`` is quoted in the message. Unknown exceptions are wrapped as
@@ -58,8 +66,7 @@ def translate_error(exc: BaseException, *, op: str, address: str, timeout_s: Opt
             )
         if isinstance(exc, requests.Timeout):
             return ArcticTimeoutError(
-                f"Arctic {op} did not finish within {timeout_s}s (remote_backend.arctic.request_timeout_s) "
-                f"on the server at {address}"
+                f"Arctic {op} did not finish within {timeout_s}s ({timeout_key}) on the server at {address}"
             )
         if isinstance(exc, requests.ConnectionError):
             return ArcticUnreachableError(
