@@ -238,14 +238,19 @@ def test_slow_server_above_the_update_limit_fails_and_never_resends_a_step(fault
 @pytest.fixture
 def own_standin(tmp_path):
     """A stand-in of this test's own (the shared one is never killed): ``(port, start, stop)``."""
-    from arctic_standin.harness import free_port, start_standin
+    from arctic_standin.harness import free_port, standin_command
+
+    from verl.workers.remote_client.arctic.launcher import launch_server
 
     port = free_port()
     servers = []
 
-    def start():
-        servers.append(start_standin(port, str(tmp_path / f"logs{len(servers)}")))
-        return servers[-1]
+    def start():  # as harness.start_standin, with room for a loaded machine (Ray alone may take minutes there)
+        server = launch_server(host="127.0.0.1", port=port, training_gpus=1, sampling_gpus=1, log_prob_gpus=0,
+                               colocate=True, command=standin_command(), startup_timeout_s=400,
+                               log_dir=str(tmp_path / f"logs{len(servers)}"))  # fmt: skip
+        servers.append(server)
+        return server
 
     def kill(server):
         os.kill(server.proc.pid, signal.SIGKILL)
