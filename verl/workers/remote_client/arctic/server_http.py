@@ -8,7 +8,7 @@ No ``arctic_platform`` import.
 from __future__ import annotations
 
 import json
-import os
+import pathlib
 import time
 from typing import Any, Optional
 
@@ -141,8 +141,8 @@ def jobs_problem(status: Any, jobs: dict[str, Any], training_root: Optional[str]
     if not isinstance(held, dict):
         return f"its /status answer lists no jobs ({str(status)[:200]})"
 
-    def own_dir(job_id: Any) -> str:  # the folder Arctic's /initialize makes for a training job
-        return os.path.join(str(training_root), f"arctic_rl_job_{job_id}")
+    def own_dir(job_id: Any) -> str:  # the folder Arctic's /initialize makes for a training job, spelt as it does
+        return str(pathlib.Path(str(training_root)) / f"arctic_rl_job_{job_id}")
 
     problems = []
     for job_type, job_id in jobs.items():
