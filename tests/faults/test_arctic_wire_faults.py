@@ -182,7 +182,7 @@ def test_silent_server_with_the_default_liveness_is_declared_dead_by_the_watchdo
         show(outcome)
 
 
-def test_slow_server_below_the_limit_gives_the_same_answers(proxied):
+def test_slow_server_below_the_limit_gives_the_same_answers(fault, proxied):
     proxy, client, server = proxied
     prompt = client.tok("how many apples")["input_ids"]
     params = {"max_tokens": 4, "seed": 7}
@@ -206,6 +206,9 @@ def test_slow_server_below_the_limit_gives_the_same_answers(proxied):
     done = {p: after[p] - before[p] for p in TRAINING_ENDPOINTS}
     assert done == {"/forward-backward": 2, "/step": 2}, done
     assert {p: sent[p] - sent_before[p] for p in TRAINING_ENDPOINTS} == done
+    # counted in the ledger: a delay under the limit must surface as nothing but the right answers
+    limit = LIMITS["compute_log_prob"]
+    fault.observed("0.3 s per answer, under the limits", surfaced=True, seconds=lp_s, within_s=limit)
 
 
 def test_slow_server_above_the_update_limit_fails_and_never_resends_a_step(fault, proxied):
