@@ -66,7 +66,9 @@ class ArcticBackend(RemoteBackend):
     one drops it) and the event loop never blocks. No call is retried (``fwd_bwd`` and ``step``
     change the model): a transport error surfaces at once as an ``ArcticBackendError`` naming
     the op, the server address and the server's detail. Only the start-up ``/health`` probe
-    retries, within ``connect_timeout_s``.
+    retries, within ``connect_timeout_s``. A server that restarted has lost this run's jobs (and
+    may hand their ids to new ones): before each op on the model, after a 404/500 and in
+    :meth:`health`, one ``GET /status`` proves the jobs are still ours, else ``BackendDiedError``.
     """
 
     def __init__(
