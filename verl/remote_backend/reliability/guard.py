@@ -137,7 +137,13 @@ class BackendGuard:
             _abandon(task)
             if self._death.done():
                 raise self._died(op, self._death.result())
-            raise BackendTimeoutError(op=op, backend=self.name, limit_s=float(limit or 0), key=timeout_key(op))
+            raise BackendTimeoutError(
+                op=op,
+                backend=self.name,
+                limit_s=float(limit or 0),
+                key=timeout_key(op),
+                detail=f"Its logs: {log_location(self.backend)}.",  # where the engine is (an HTTP server's address)
+            )
         except asyncio.CancelledError:
             _abandon(task)
             raise

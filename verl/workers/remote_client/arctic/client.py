@@ -18,7 +18,7 @@ import arctic_platform.client as arctic_client  # noqa: F401  (fails early with 
 import torch
 
 from verl.remote_backend.base import RemoteBackend
-from verl.remote_backend.errors import BackendClosedError, ConfigError, ResumeCheckpointError
+from verl.remote_backend.errors import BackendClosedError, BackendDiedError, ConfigError, ResumeCheckpointError
 from verl.remote_backend.registry import RemoteBackendRegistry
 from verl.remote_backend.results import BackendDevice, GenerateResult, LogProbResult, UpdateResult
 from verl.remote_backend.settings.loader import select
@@ -36,14 +36,14 @@ from verl.workers.remote_client.arctic.derive import (
     optimizer_steps_per_global_step,
     resolved_log_prob_gpus,
 )
-from verl.workers.remote_client.arctic.errors import ArcticResponseError
+from verl.workers.remote_client.arctic.errors import ArcticResponseError, ArcticServerError
 from verl.workers.remote_client.arctic.generation import load_tokenizer, parse_result, prompt_text
 from verl.workers.remote_client.arctic.launcher import ServerProcess, launch_server
 from verl.workers.remote_client.arctic.metrics import aggregate_update_metrics, map_step_metrics, reduce_metric
 from verl.workers.remote_client.arctic.payload import dense_to_packed, token_aligned_to_predict_next
 from verl.workers.remote_client.arctic.responses import require, require_tensor
 from verl.workers.remote_client.arctic.server_checks import server_problems
-from verl.workers.remote_client.arctic.server_http import probe_health, translate_error
+from verl.workers.remote_client.arctic.server_http import jobs_problem, probe_health, translate_error
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -66,7 +66,9 @@ class ArcticBackend(RemoteBackend):
     one drops it) and the event loop never blocks. No call is retried (``fwd_bwd`` and ``step``
     change the model): a transport error surfaces at once as an ``ArcticBackendError`` naming
     the op, the server address and the server's detail. Only the start-up ``/health`` probe
-    retries, within ``connect_timeout_s``.
+    retries, within ``connect_timeout_s``. A server that restarted has lost this run's jobs (and
+    may hand their ids to new ones): before each op on the model, after a 404/500 and in
+    :meth:`health`, one ``GET /status`` proves the jobs are still ours, else ``BackendDiedError``.
     """
 
     def __init__(
@@ -240,6 +242,7 @@ class ArcticBackend(RemoteBackend):
         mask = batch["attention_mask"]
         meta = self._meta(data, rollout_n, temperature, calculate_entropy, pad_token_id)
         count = self._log_prob_gpus if ref else self.cfg.training_gpus
+        await self._ensure_jobs(op)
         # smallest request the job can split: one row per DeepSpeed rank and accumulation step
         min_rows = count if ref else self._train_gas * int(self.cfg.training_gpus)
         await self._sleep_sampler()
@@ -296,6 +299,7 @@ class ArcticBackend(RemoteBackend):
             use_kl_loss=bool(get("use_kl_loss", False)),
             schedule=schedule,
         )
+        await self._ensure_jobs(op)
         await self._sleep_sampler()
         losses, per_mb = [], []
         processing = bodies.update_processing(self.cfg.loss_fn)
@@ -358,6 +362,7 @@ class ArcticBackend(RemoteBackend):
 
     async def update_weights(self) -> dict[str, Any]:
         """``sync_weights``: wakes the sampler, pushes the trained weights, resets its prefix cache."""
+        await self._ensure_jobs("update_weights")
         await self._empty_training_cache("update_weights")
         await self._call("sync_weights", op="update_weights")
         self._sampler_awake = True
@@ -367,6 +372,7 @@ class ArcticBackend(RemoteBackend):
     async def save_checkpoint(self, path: Optional[str] = None, step: Optional[int] = None) -> Optional[str]:
         """DeepSpeed checkpoint (weights, optimizer, scheduler, step) in ``<path>/checkpoint-<step>``; the
         server's reported ``global_step`` is recorded beside it (:mod:`.arctic.checkpoint`) for resume."""
+        await self._ensure_jobs("save_checkpoint")
         resp = await self._call(
             "save_checkpoint", path=path, step=step, export_hf=self.cfg.export_hf, op="save_checkpoint"
         )
@@ -405,20 +411,22 @@ class ArcticBackend(RemoteBackend):
 
     # ------------------------------------------------------------ liveness (optional capabilities)
     async def health(self) -> None:
-        """One ``GET /health`` (HTTP), no retry: the caller's watchdog decides. Raises when the
-        server does not answer 200."""
-        import requests
-
-        url = f"http://{self._address}/health"
-        limit = min(float(self.cfg.connect_timeout_s), _TEARDOWN_TIMEOUT_S)
-
-        def _probe() -> None:
-            requests.get(url, timeout=limit).raise_for_status()
-
+        """One ``GET /status`` (HTTP), no retry: the caller's watchdog decides. Raises when the server does
+        not answer 200, or answers without this run's jobs (it restarted: :meth:`_jobs_problem`)."""
         try:
-            await asyncio.to_thread(_probe)
+            problem = await asyncio.to_thread(self._jobs_problem)
+        except BackendClosedError:
+            raise
         except Exception as exc:
-            raise translate_error(exc, op="health", address=self._address, timeout_s=limit) from exc
+            raise translate_error(
+                exc,
+                op="health",
+                address=self._address,
+                timeout_s=self._probe_limit(),
+                timeout_key="remote_backend.arctic.connect_timeout_s",
+            ) from exc
+        if problem is not None:
+            raise self._lost_state("health", problem)
 
     def log_location(self) -> str:
         """The launched server's log file, or where an attached server's logs are."""
@@ -442,7 +450,52 @@ class ArcticBackend(RemoteBackend):
         try:
             return await asyncio.get_running_loop().run_in_executor(self._pool(concurrent), call)
         except Exception as exc:
-            raise translate_error(exc, op=op, address=self._address, timeout_s=self._timeout_s) from exc
+            error = translate_error(exc, op=op, address=self._address, timeout_s=self._timeout_s)
+            # a fresh server answers a job it does not hold with 404 ("Job N not found"), or 500 from /forward
+            if isinstance(error, ArcticServerError) and error.status in (404, 500):
+                await self._ensure_jobs(op)
+            raise error from exc
+
+    def _probe_limit(self) -> float:
+        return min(float(self.cfg.connect_timeout_s), _TEARDOWN_TIMEOUT_S)
+
+    def _jobs_problem(self) -> Optional[str]:
+        """One ``GET /status``: what is missing or foreign among this client's jobs (``None``: all there).
+        Raises when the server does not answer."""
+        import requests
+
+        client = self._live_client()
+        resp = requests.get(f"http://{self._address}/status", timeout=self._probe_limit())
+        resp.raise_for_status()
+        jobs = {t: getattr(client.transport.jobs, t, None) for t in ("training", "sampling", "log_prob")}
+        training_root = getattr(getattr(client.config, "training", None), "checkpoint_path", None)
+        return jobs_problem(resp.json(), jobs, training_root)
+
+    async def _ensure_jobs(self, op: str) -> None:
+        """Before an op on the model, and after a 404/500: a server that restarted (a fresh process on the
+        same address) has lost this run's jobs and state; nothing may be sent to it as if it were ours.
+        A server that does not answer here is left to the op's own call and time limit."""
+        try:  # on the op's own pool, like its calls (a thread left blocked by a silent server is the pool's)
+            problem = await asyncio.get_running_loop().run_in_executor(self._pool(False), self._jobs_problem)
+        except BackendClosedError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - not the check's to report: the op itself will
+            logger.debug("arctic: job check before %s skipped: %s", op, exc)
+            return
+        if problem is not None:
+            raise self._lost_state(op, problem)
+
+    def _lost_state(self, op: str, problem: str) -> BackendDiedError:
+        return BackendDiedError(
+            op=op,
+            backend="arctic",
+            logs=self.log_location(),
+            cause=(
+                f"the Arctic RL server at {self._address} no longer holds this run's jobs ({problem}): it has "
+                "restarted (or the jobs were destroyed), and this run's weights, optimizer and sampler state went "
+                "with it; nothing is sent to the fresh server"
+            ),
+        )
 
     async def _empty_training_cache(self, op: str) -> None:
         """Colocated: release the training job's cached accelerator memory before vLLM wakes on the same GPUs.

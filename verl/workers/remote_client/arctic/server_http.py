@@ -8,8 +8,9 @@ No ``arctic_platform`` import.
 from __future__ import annotations
 
 import json
+import pathlib
 import time
-from typing import Optional
+from typing import Any, Optional
 
 from verl.workers.remote_client.arctic.errors import (
     ArcticBackendError,
@@ -18,7 +19,7 @@ from verl.workers.remote_client.arctic.errors import (
     ArcticUnreachableError,
 )
 
-__all__ = ["translate_error", "probe_health"]
+__all__ = ["translate_error", "probe_health", "jobs_problem"]
 
 
 def _detail_from_body(text: str) -> str:
@@ -34,8 +35,16 @@ def _detail_from_body(text: str) -> str:
     return text[:2000]
 
 
-def translate_error(exc: BaseException, *, op: str, address: str, timeout_s: Optional[float] = None) -> Exception:
-    """Map a transport exception raised during ``op`` to an :class:`ArcticBackendError`.
+def translate_error(
+    exc: BaseException,
+    *,
+    op: str,
+    address: str,
+    timeout_s: Optional[float] = None,
+    timeout_key: str = "remote_backend.arctic.request_timeout_s",
+) -> Exception:
+    """Map a transport exception raised during ``op`` to an :class:`ArcticBackendError`
+    (a time-out names ``timeout_key``, the setting of the limit that ran out).
 
     ``requests`` keeps the response body on ``HTTPError.response``, so the server's
     ``detail`` is quoted in the message. Unknown exceptions are wrapped as
@@ -57,8 +66,7 @@ def translate_error(exc: BaseException, *, op: str, address: str, timeout_s: Opt
             )
         if isinstance(exc, requests.Timeout):
             return ArcticTimeoutError(
-                f"Arctic {op} did not finish within {timeout_s}s (remote_backend.arctic.request_timeout_s) "
-                f"on the server at {address}"
+                f"Arctic {op} did not finish within {timeout_s}s ({timeout_key}) on the server at {address}"
             )
         if isinstance(exc, requests.ConnectionError):
             return ArcticUnreachableError(
@@ -118,3 +126,36 @@ def probe_health(host: str, port: int, timeout_s: float) -> None:
         f"{last}). Start the server or fix remote_backend.arctic.host/port "
         "(or set remote_backend.arctic.launch_server=true)."
     )
+
+
+def jobs_problem(status: Any, jobs: dict[str, Any], training_root: Optional[str]) -> Optional[str]:
+    """Does the server (its ``GET /status`` answer) still hold this run's jobs? ``None`` if so, else what is
+    missing or foreign.
+
+    ``jobs`` maps a job type to this client's job id (``None``: no such job). Arctic numbers jobs from 1
+    on every start and exposes no boot id, so a restarted server may hold jobs of another client under
+    the same ids: a training job also has to keep the folder Arctic made for it under this run's
+    checkpoint path (``<training_root>/arctic_rl_job_<id>``).
+    """
+    held = status.get("jobs") if isinstance(status, dict) else None
+    if not isinstance(held, dict):
+        return f"its /status answer lists no jobs ({str(status)[:200]})"
+
+    def own_dir(job_id: Any) -> str:  # the folder Arctic's /initialize makes for a training job, spelt as it does
+        return str(pathlib.Path(str(training_root)) / f"arctic_rl_job_{job_id}")
+
+    problems = []
+    for job_type, job_id in jobs.items():
+        if job_id is None:
+            continue
+        info = held.get(str(job_id), held.get(job_id))
+        if not isinstance(info, dict):
+            problems.append(f"{job_type} job {job_id} is gone")
+        elif info.get("job_type") != job_type:
+            problems.append(f"job {job_id} is now a {info.get('job_type')} job, not this run's {job_type} job")
+        elif job_type == "training" and training_root and info.get("checkpoint_path") not in (None, own_dir(job_id)):
+            problems.append(
+                f"training job {job_id} belongs to another run (its folder is {info.get('checkpoint_path')}, "
+                f"not under {training_root})"
+            )
+    return "; ".join(problems) or None
