@@ -91,3 +91,18 @@ def install_in_worker() -> None:
         patch_ray_server(sys.modules[_TARGET])
     elif not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
         sys.meta_path.insert(0, _PatchOnImport())
+
+
+def start_ray(logical_gpus: int = 1, attempts: int = 3) -> None:
+    """``ray.init(**ray_init_kwargs(...))``, tried again when the raylet misses Ray's fixed 30 s start-up
+    window (it does on an overloaded machine: "The current node timed out during startup")."""
+    import ray
+
+    for attempt in range(1, attempts + 1):
+        try:
+            ray.init(**ray_init_kwargs(logical_gpus=logical_gpus))
+            return
+        except Exception as exc:
+            ray.shutdown()
+            if "timed out during startup" not in str(exc) or attempt == attempts:
+                raise

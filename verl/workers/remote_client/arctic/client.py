@@ -419,7 +419,7 @@ class ArcticBackend(RemoteBackend):
                 f"Arctic generate: expected a list with 1 result, got {type(results).__name__} {results!r:.200}"
             )
         result = results[0]
-        return parse_result(result, want_logprobs=want_logprobs)
+        return parse_result(result, want_logprobs=want_logprobs, wire="ray" if self._ray_state is not None else "http")
 
     async def update_weights(self) -> dict[str, Any]:
         """``sync_weights``: wakes the sampler, pushes the trained weights, resets its prefix cache."""
