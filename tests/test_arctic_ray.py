@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import time
 
 import pytest
 import torch
@@ -170,6 +171,9 @@ def test_basic_ops_over_ray_equal_the_http_path_on_the_same_batch_and_seed(
     # the owner's destroy ended Arctic's state actor and freed its placement groups' GPUs
     import ray
 
+    deadline = time.monotonic() + 30  # Ray returns a removed group's resources asynchronously
+    while ray.available_resources().get("GPU", 0) != ray.cluster_resources().get("GPU") and time.monotonic() < deadline:
+        time.sleep(0.5)
     assert ray.available_resources().get("GPU", 0) == ray.cluster_resources().get("GPU")
 
 
