@@ -106,3 +106,21 @@ def start_ray(logical_gpus: int = 1, attempts: int = 3) -> None:
             ray.shutdown()
             if "timed out during startup" not in str(exc) or attempt == attempts:
                 raise
+
+
+def entry_point_overrides(logical_gpus: int = 1) -> tuple[list[str], dict[str, str]]:
+    """``main_ppo`` overrides and environment that give verl's own Ray cluster what Arctic's Ray server
+    needs on CPU (the same as :func:`ray_init_kwargs`): ``protocol=ray``, logical GPUs, enough logical
+    CPUs for Arctic's ``{"GPU": 1, "CPU": 4}`` bundles, and the worker set-up hook (via verl's
+    ``ray_kwargs.ray_init``, which verl merges into its own ``runtime_env``)."""
+    overrides = [
+        "remote_backend.arctic.protocol=ray",
+        "ray_kwargs.ray_init.num_cpus=16",
+        f"++ray_kwargs.ray_init.num_gpus={max(1, int(logical_gpus))}",
+        "++ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=arctic_standin.ray_setup.install_in_worker",
+    ]
+    env = {
+        "PYTHONPATH": os.pathsep.join(p for p in (_TESTS, os.environ.get("PYTHONPATH", "")) if p),
+        "DS_ACCELERATOR": "cpu",
+    }
+    return overrides, env
