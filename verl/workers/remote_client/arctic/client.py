@@ -1,8 +1,10 @@
 """The ``arctic`` remote backend: verl's ``RemoteBackend`` on the published Arctic RL client.
 
 Arctic RL (``arctic-platform`` 0.1.4) trains with DeepSpeed and samples with vLLM behind an
-HTTP server. :class:`ArcticBackend` maps verl's training, sampling, weight-sync and checkpoint
-calls onto that client; it is the only module that imports ``arctic_platform`` at import time.
+HTTP server (``protocol=http``, :mod:`.arctic.server_http`) or an in-process Ray server
+(``protocol=ray``, :mod:`.arctic.server_ray`). :class:`ArcticBackend` maps verl's training,
+sampling, weight-sync and checkpoint calls onto that client, the same way for both transports;
+it is the only module that imports ``arctic_platform`` at import time.
 Payload mapping, request bodies, config and the checkpoint format live in :mod:`.arctic`.
 """
 
