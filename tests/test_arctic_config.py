@@ -75,8 +75,13 @@ def test_unknown_and_invalid_keys_are_named(base_cfg):
         load_arctic_config(
             _with(base_cfg, remote_backend__arctic__colocate=False, remote_backend__arctic__weight_sync__cuda_ipc=True)
         )
-    with pytest.raises(ConfigError, match="protocol"):
+    with pytest.raises(ConfigError, match=r"remote_backend\.arctic\.protocol='grpc': must be one of http, ray.*Fix"):
         load_arctic_config(_with(base_cfg, remote_backend__arctic__protocol="grpc"))
+    assert load_arctic_config(_with(base_cfg, remote_backend__arctic__protocol="ray")).protocol == "ray"
+    with pytest.raises(ConfigError, match=r"launch_server=true starts an HTTP server.*Fix"):
+        load_arctic_config(
+            _with(base_cfg, remote_backend__arctic__protocol="ray", remote_backend__arctic__launch_server=True)
+        )
 
 
 def test_deepspeed_config_derived_from_verl_actor(base_cfg):

@@ -311,3 +311,14 @@ def test_wake_stages_follow_the_workers_state_machine(pool, loop, hf, tmp_path):
         run(pool.generate([PROMPT], params))
     ray.get(worker.load_weights_from_shm_path.remote(str(weights)))
     assert len(run(pool.generate([PROMPT], params))[0]["token_ids"]) > 0
+
+
+def test_parse_result_over_ray_takes_the_samplers_int_ids_and_refuses_json_strings():
+    """Arctic's Ray server returns the sampler's result unserialized: token ids stay ints there."""
+    over_ray = {
+        "token_ids": [7, 9],
+        "logprobs": [{7: {"logprob": -0.5, "rank": 1}}, {9: {"logprob": -1.25, "rank": 2}}],
+    }
+    assert parse_result(over_ray, want_logprobs=True, wire="ray").log_probs == [-0.5, -1.25]
+    with pytest.raises(ArcticResponseError, match=r"str key '7'; token ids arrive as ints from Arctic's Ray server"):
+        parse_result(GOOD, want_logprobs=True, wire="ray")

@@ -208,7 +208,7 @@ def test_required_ray_cpus_counts_runner_and_forwarders():
         ("actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm", "loss_agg_mode='seq-mean-token-sum-norm'"),
         ("actor_rollout_ref.actor.entropy_coeff=0.01", "entropy_coeff=0.01"),
         ("actor_rollout_ref.actor.kl_loss_type=full", "kl_loss_type='full'"),
-        ("remote_backend.arctic.protocol=ray", "protocol='ray' is not supported"),
+        ("remote_backend.arctic.protocol=grpc", "remote_backend.arctic.protocol='grpc': must be one of http, ray"),
     ],
 )
 def test_arctic_settings_its_server_cannot_honour_fail_before_ray(change, expected):

@@ -344,6 +344,13 @@ class CpuReplicaPool:
         self._inflight = 0  # prompts accepted and not answered yet
         self._lock: Optional[asyncio.Lock] = None
 
+    def __getstate__(self) -> dict:
+        # Arctic's Ray server hands the pool out by value (ArcticRLRayServer fetches it from the state
+        # actor with ray.get); an asyncio.Lock that was used is bound to its loop and does not pickle.
+        state = dict(self.__dict__)
+        state["_lock"] = None
+        return state
+
     @property
     def num_replicas(self) -> int:
         return len(self._workers)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import time
 from types import SimpleNamespace
 from typing import Any, Iterator
 
@@ -128,6 +129,26 @@ class CpuDeepSpeedWorker(arctic_worker.DeepSpeedWorker.__ray_actor_class__):
         with _cpu_initialize_patches(self, requested):
             return super().initialize(master_addr, job_config)
 
+    # ---- test-only additions (outside Arctic's methods): counts and an armed hang
+    def empty_cache(self) -> dict:
+        self._standin_calls = getattr(self, "_standin_calls", {})
+        self._standin_calls["empty_cache"] = self._standin_calls.get("empty_cache", 0) + 1
+        return super().empty_cache()
+
+    def forward_no_grad(self, batch: dict) -> dict:
+        seconds = getattr(self, "_standin_hang", {}).pop("forward_no_grad", None)
+        if seconds:
+            time.sleep(seconds)
+        return super().forward_no_grad(batch)
+
+    def standin_calls(self) -> dict:
+        """Calls counted per method (``empty_cache``) since the worker started."""
+        return dict(getattr(self, "_standin_calls", {}))
+
+    def standin_arm_hang(self, method: str, seconds: float) -> None:
+        """The next call of ``method`` (``forward_no_grad``) sleeps ``seconds`` before running."""
+        self._standin_hang = {**getattr(self, "_standin_hang", {}), method: float(seconds)}
+
     def ds_training_config(self, job_config: dict, ds_config: dict, ds_worker_config: dict) -> dict:
         cfg = super().ds_training_config(job_config, ds_config, ds_worker_config)
         optimizer = dict(cfg.get("optimizer") or {})
@@ -140,10 +161,15 @@ class CpuDeepSpeedWorker(arctic_worker.DeepSpeedWorker.__ray_actor_class__):
         return _float32_ds_config(cfg) if standin_dtype() == "float32" else cfg
 
 
-def install() -> None:
-    """Make Arctic's server spawn :class:`CpuDeepSpeedWorker` wherever it spawns ``DeepSpeedWorker``."""
-    from arctic_platform.common import http_server
+def install(server_module: Any = None) -> None:
+    """Make Arctic's server spawn :class:`CpuDeepSpeedWorker` wherever it spawns ``DeepSpeedWorker``.
+
+    ``server_module``: the module whose ``DeepSpeedWorker`` global a log-prob job uses - Arctic's
+    ``common.http_server`` (default) or, in the Ray server's state actor, ``common.ray_server``.
+    """
+    if server_module is None:
+        from arctic_platform.common import http_server as server_module
 
     remote_cls = ray.remote(CpuDeepSpeedWorker)
     arctic_worker.DeepSpeedWorker = remote_cls  # used by spawn_and_initialize_workers (training job)
-    http_server.DeepSpeedWorker = remote_cls  # used directly by /initialize for a DeepSpeed log-prob job
+    server_module.DeepSpeedWorker = remote_cls  # used directly by /initialize for a DeepSpeed log-prob job

@@ -1,8 +1,10 @@
 """The ``arctic`` remote backend: verl's ``RemoteBackend`` on the published Arctic RL client.
 
 Arctic RL (``arctic-platform`` 0.1.4) trains with DeepSpeed and samples with vLLM behind an
-HTTP server. :class:`ArcticBackend` maps verl's training, sampling, weight-sync and checkpoint
-calls onto that client; it is the only module that imports ``arctic_platform`` at import time.
+HTTP server (``protocol=http``, :mod:`.arctic.server_http`) or an in-process Ray server
+(``protocol=ray``, :mod:`.arctic.server_ray`). :class:`ArcticBackend` maps verl's training,
+sampling, weight-sync and checkpoint calls onto that client, the same way for both transports;
+it is the only module that imports ``arctic_platform`` at import time.
 Payload mapping, request bodies, config and the checkpoint format live in :mod:`.arctic`.
 """
 
@@ -24,7 +26,7 @@ from verl.remote_backend.results import BackendDevice, GenerateResult, LogProbRe
 from verl.remote_backend.settings.loader import select
 from verl.remote_backend.transport.batch_ref import batch_field
 from verl.remote_backend.update_schedule import read_update_schedule
-from verl.workers.remote_client.arctic import bodies
+from verl.workers.remote_client.arctic import bodies, server_ray
 from verl.workers.remote_client.arctic import checkpoint as arctic_checkpoint
 from verl.workers.remote_client.arctic.config import ArcticConfig, load_arctic_config
 from verl.workers.remote_client.arctic.derive import (
@@ -61,14 +63,18 @@ _TEARDOWN_TIMEOUT_S = 30.0
 class ArcticBackend(RemoteBackend):
     """verl <-> Arctic RL server. Build with :meth:`from_config` only.
 
-    HTTP only, through the client's blocking ``ArcticRLClient`` run on private thread pools: its
+    ``protocol=http``: the client's blocking ``ArcticRLClient`` run on private thread pools: its
     ``requests`` transport keeps the server's error ``detail`` (the async frontend's ``aiohttp``
-    one drops it) and the event loop never blocks. No call is retried (``fwd_bwd`` and ``step``
-    change the model): a transport error surfaces at once as an ``ArcticBackendError`` naming
-    the op, the server address and the server's detail. Only the start-up ``/health`` probe
-    retries, within ``connect_timeout_s``. A server that restarted has lost this run's jobs (and
-    may hand their ids to new ones): before each op on the model, after a 404/500 and in
-    :meth:`health`, one ``GET /status`` proves the jobs are still ours, else ``BackendDiedError``.
+    one drops it) and the event loop never blocks. ``protocol=ray``: the client's
+    ``AsyncArcticRLClient`` on Arctic's own Ray transport (:mod:`.arctic.server_ray`), each op
+    awaited on a worker thread's loop. Everything else (payloads, response checks, metrics,
+    checkpoints) is shared. No call is retried (``fwd_bwd`` and ``step`` change the model): a
+    transport error surfaces at once as an ``ArcticBackendError`` naming the op, the server and
+    its detail. Only the start-up ``/health`` probe (HTTP) retries, within ``connect_timeout_s``.
+    Over HTTP a server that restarted has lost this run's jobs (and may hand their ids to new
+    ones): before each op on the model, after a 404/500 and in :meth:`health`, one ``GET /status``
+    proves the jobs are still ours, else ``BackendDiedError``. Over Ray the jobs live in the state
+    actor, which does not restart: its death is the actor's death.
     """
 
     def __init__(
@@ -80,6 +86,8 @@ class ArcticBackend(RemoteBackend):
         owner: bool,
         server: Optional[ServerProcess] = None,
         server_log: Optional[str] = None,
+        ray_state: Any = None,
+        ray_placement_groups: Optional[list[str]] = None,
     ) -> None:
         self._main = main_config
         self.cfg = cfg
@@ -88,7 +96,10 @@ class ArcticBackend(RemoteBackend):
         self._server = server
         # Log file of a server this backend launched (travels in the handle, for liveness errors).
         self._server_log = server_log or (server.log_path if server is not None else None)
-        self._address = f"{cfg.host}:{cfg.port}"
+        # protocol=ray: the server state actor's handle (None over HTTP), and the placement groups an owner frees
+        self._ray_state = ray_state
+        self._ray_placement_groups = list(ray_placement_groups or [])
+        self._address = server_ray.describe(ray_state) if ray_state is not None else f"{cfg.host}:{cfg.port}"
         # The limit in force is the client's (a re-attached handle may carry its own).
         self._timeout_s = float(getattr(getattr(client, "config", None), "request_timeout", cfg.request_timeout_s))
         self._executor: Optional[ThreadPoolExecutor] = None  # training/control calls (one at a time)
@@ -123,6 +134,8 @@ class ArcticBackend(RemoteBackend):
         from arctic_platform.client import ArcticClientConfig, ArcticRLClient
 
         cfg = load_arctic_config(main_config)
+        if (handle is None and cfg.protocol == "ray") or (isinstance(handle, dict) and "server_state" in handle):
+            return cls._from_config_ray(main_config, cfg, handle)
         server: Optional[ServerProcess] = None
         if handle is None:
             cls.check_config(main_config)
@@ -157,6 +170,37 @@ class ArcticBackend(RemoteBackend):
         return cls(main_config, cfg, client, owner=handle is None, server=server, server_log=server_log)
 
     @classmethod
+    def _from_config_ray(
+        cls, main_config: "DictConfig", cfg: ArcticConfig, handle: Optional[dict[str, Any]]
+    ) -> "ArcticBackend":
+        """``protocol=ray``: start Arctic's in-process Ray server and its jobs through arctic-platform's own
+        Ray transport (owner), or re-attach to them with the handle's state actor and job ids."""
+        from arctic_platform.client import ArcticClientConfig
+
+        where = "Arctic's in-process Ray server"
+        if handle is None:
+            cls.check_config(main_config)
+            client_cfg = build_client_config(main_config, cfg)
+            try:
+                client = server_ray.start_client(client_cfg)
+                state = server_ray.server_state(client)
+                groups = server_ray.placement_group_ids(state)
+            except Exception as exc:
+                raise server_ray.translate_error(exc, op="initialize", address=where) from exc
+            return cls(main_config, cfg, client, owner=True, ray_state=state, ray_placement_groups=groups)
+        if handle.get("backend") != "arctic" or "client_config" not in handle:
+            raise ValueError(
+                "handle is not an arctic-backend handle (expected the dict from ArcticBackend.reconnect_handle())"
+            )
+        client_cfg = ArcticClientConfig.model_validate(handle["client_config"])
+        state = handle["server_state"]
+        try:
+            client = server_ray.attach_client(client_cfg, state)
+        except Exception as exc:
+            raise server_ray.translate_error(exc, op="initialize", address=server_ray.describe(state)) from exc
+        return cls(main_config, cfg, client, owner=False, ray_state=state)
+
+    @classmethod
     def check_config(cls, main_config: "DictConfig") -> None:
         """Refuse, before Ray starts, what Arctic's server cannot train as verl would (optional capability).
 
@@ -187,16 +231,23 @@ class ArcticBackend(RemoteBackend):
         return arctic_checkpoint.checkpoint_problem(actor_dir, step)
 
     def reconnect_handle(self) -> dict[str, Any]:
-        """Job ids + connection settings (JSON) and the launched server's log file."""
-        return {
+        """Job ids + connection settings (JSON) and the launched server's log file; with ``protocol=ray``
+        also the server state actor's handle (Ray pickles it), which is all another process needs."""
+        handle = {
             "backend": "arctic",
             "client_config": self._live_client().reconnect_config().model_dump(mode="json"),
             "server_log": self._server_log,
         }
+        if self._ray_state is not None:
+            handle["server_state"] = self._ray_state
+        return handle
 
     async def destroy(self) -> None:
         """Owner: destroy Arctic's jobs and stop a launched server. Re-attached: close the connection only."""
         client, self._client = self._client, None
+        if self._ray_state is not None:
+            await self._destroy_ray(client)
+            client = None
         if client is not None:
             transport = getattr(client, "transport", None)
             if hasattr(transport, "timeout"):  # teardown must not wait request_timeout_s on a hung server
@@ -218,6 +269,24 @@ class ArcticBackend(RemoteBackend):
             if executor is not None:
                 executor.shutdown(wait=False, cancel_futures=True)
         self._executor = self._gen_executor = None
+
+    async def _destroy_ray(self, client: Any) -> None:
+        """Owner: Arctic's transport destroys the jobs, then the state actor and its placement groups go.
+        Re-attached: Arctic's transport only closes its loop (it never destroys the jobs); nothing is killed."""
+        if client is not None:
+            try:
+                # Arctic's transport runs the job teardown on its own loop: call it from a thread without one
+                await asyncio.wait_for(
+                    asyncio.get_running_loop().run_in_executor(None, client.transport.shutdown), _TEARDOWN_TIMEOUT_S
+                )
+            except Exception as exc:  # destroy runs in `finally` blocks: report, do not mask the first error
+                logger.warning(
+                    "arctic: tearing down the client failed: %s",
+                    server_ray.translate_error(exc, op="destroy", address=self._address, timeout_s=_TEARDOWN_TIMEOUT_S),
+                )
+        if self._owner and self._ray_state is not None:
+            groups, self._ray_placement_groups = self._ray_placement_groups, []
+            await asyncio.get_running_loop().run_in_executor(None, server_ray.stop_server, self._ray_state, groups)
 
     @classmethod
     def requires_single_forwarder(cls) -> bool:
@@ -358,7 +427,7 @@ class ArcticBackend(RemoteBackend):
                 f"Arctic generate: expected a list with 1 result, got {type(results).__name__} {results!r:.200}"
             )
         result = results[0]
-        return parse_result(result, want_logprobs=want_logprobs)
+        return parse_result(result, want_logprobs=want_logprobs, wire="ray" if self._ray_state is not None else "http")
 
     async def update_weights(self) -> dict[str, Any]:
         """``sync_weights``: wakes the sampler, pushes the trained weights, resets its prefix cache."""
@@ -411,8 +480,16 @@ class ArcticBackend(RemoteBackend):
 
     # ------------------------------------------------------------ liveness (optional capabilities)
     async def health(self) -> None:
-        """One ``GET /status`` (HTTP), no retry: the caller's watchdog decides. Raises when the server does
-        not answer 200, or answers without this run's jobs (it restarted: :meth:`_jobs_problem`)."""
+        """One call on the server state actor (Ray), or one ``GET /status`` (HTTP), no retry: the caller's
+        watchdog decides. Raises when the server does not answer, or (HTTP) answers without this run's jobs
+        (it restarted: :meth:`_jobs_problem`)."""
+        if self._ray_state is not None:
+            limit = self._probe_limit()
+            try:
+                await asyncio.to_thread(server_ray.probe_health, self._ray_state, limit)
+            except Exception as exc:
+                raise server_ray.translate_error(exc, op="health", address=self._address, timeout_s=limit) from exc
+            return
         try:
             problem = await asyncio.to_thread(self._jobs_problem)
         except BackendClosedError:
@@ -430,6 +507,8 @@ class ArcticBackend(RemoteBackend):
 
     def log_location(self) -> str:
         """The launched server's log file, or where an attached server's logs are."""
+        if self._ray_state is not None:
+            return server_ray.log_location(self._ray_state)
         if self._server_log:
             return f"{self._server_log} (Arctic RL server at {self._address})"
         return f"the Arctic RL server's own logs at {self._address} (it was started outside verl)"
@@ -441,15 +520,24 @@ class ArcticBackend(RemoteBackend):
         return self._client
 
     async def _call(self, method: str, *args: Any, op: str, concurrent: bool = False, **kwargs: Any) -> Any:
-        """Run ``client.<method>`` on a worker thread (the generate pool when ``concurrent``); translate failures."""
-        return await self._run(
-            functools.partial(getattr(self._live_client(), method), *args, **kwargs), op=op, concurrent=concurrent
-        )
+        """Run ``client.<method>`` on a worker thread (the generate pool when ``concurrent``); translate failures.
+        Ray: the async client's coroutine, awaited on that thread's own loop, within ``request_timeout_s``."""
+        client = self._live_client()
+        if self._ray_state is not None:
+            call = functools.partial(server_ray.run_op, client, method, *args, **kwargs)
+        else:
+            call = functools.partial(getattr(client, method), *args, **kwargs)
+        return await self._run(call, op=op, concurrent=concurrent)
 
     async def _run(self, call: Any, *, op: str, concurrent: bool = False) -> Any:
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._pool(concurrent), call)
+            future = asyncio.get_running_loop().run_in_executor(self._pool(concurrent), call)
+            if self._ray_state is None:  # HTTP: requests enforces request_timeout_s itself
+                return await future
+            return await asyncio.wait_for(future, self._timeout_s)
         except Exception as exc:
+            if self._ray_state is not None:
+                raise server_ray.translate_error(exc, op=op, address=self._address, timeout_s=self._timeout_s) from exc
             error = translate_error(exc, op=op, address=self._address, timeout_s=self._timeout_s)
             # a fresh server answers a job it does not hold with 404 ("Job N not found"), or 500 from /forward
             if isinstance(error, ArcticServerError) and error.status in (404, 500):
@@ -474,7 +562,10 @@ class ArcticBackend(RemoteBackend):
     async def _ensure_jobs(self, op: str) -> None:
         """Before an op on the model, and after a 404/500: a server that restarted (a fresh process on the
         same address) has lost this run's jobs and state; nothing may be sent to it as if it were ours.
-        A server that does not answer here is left to the op's own call and time limit."""
+        A server that does not answer here is left to the op's own call and time limit. Ray: nothing to check
+        (the jobs live in the state actor; the actor's death surfaces as itself)."""
+        if self._ray_state is not None:
+            return
         try:  # on the op's own pool, like its calls (a thread left blocked by a silent server is the pool's)
             problem = await asyncio.get_running_loop().run_in_executor(self._pool(False), self._jobs_problem)
         except BackendClosedError:
@@ -500,10 +591,11 @@ class ArcticBackend(RemoteBackend):
     async def _empty_training_cache(self, op: str) -> None:
         """Colocated: release the training job's cached accelerator memory before vLLM wakes on the same GPUs.
 
-        Arctic's Ray server does this inside its ``wake_inference``; over HTTP ``/wake-inference`` and
-        ``/weight-sync`` do not, and the client has no call for ``/empty-training-cache``, so it is posted here.
+        Arctic's Ray server does this inside its ``wake_inference`` (so nothing is added for ``protocol=ray``);
+        over HTTP ``/wake-inference`` and ``/weight-sync`` do not, and the client has no call for
+        ``/empty-training-cache``, so it is posted here.
         """
-        if not self.cfg.colocate:
+        if not self.cfg.colocate or self._ray_state is not None:
             return
         transport = self._live_client().transport
         url, job_id = f"{transport.base_url}/empty-training-cache", getattr(transport.jobs, "training", None)
@@ -522,11 +614,12 @@ class ArcticBackend(RemoteBackend):
                 self._executor = ThreadPoolExecutor(2, thread_name_prefix="arctic")
             return self._executor
         if self._gen_executor is None:
-            import requests.adapters
+            if self._ray_state is None:
+                import requests.adapters
 
-            # as many pooled HTTP connections as requests in flight (requests' default keeps 10)
-            adapter = requests.adapters.HTTPAdapter(pool_connections=1, pool_maxsize=self._gen_concurrency)
-            self._live_client().transport.session.mount("http://", adapter)
+                # as many pooled HTTP connections as requests in flight (requests' default keeps 10)
+                adapter = requests.adapters.HTTPAdapter(pool_connections=1, pool_maxsize=self._gen_concurrency)
+                self._live_client().transport.session.mount("http://", adapter)
             self._gen_executor = ThreadPoolExecutor(self._gen_concurrency, thread_name_prefix="arctic-generate")
         return self._gen_executor
 

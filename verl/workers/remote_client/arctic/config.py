@@ -13,10 +13,12 @@ from typing import Any, Optional
 from verl.remote_backend.errors import ConfigError
 from verl.remote_backend.settings.loader import load_settings, setting
 
-__all__ = ["ArcticConfig", "load_arctic_config", "CONFIG_KEY"]
+__all__ = ["ArcticConfig", "load_arctic_config", "CONFIG_KEY", "PROTOCOLS"]
 
 #: Where the block sits in verl's main config.
 CONFIG_KEY = "remote_backend.arctic"
+#: Transports of arctic-platform's on-prem client that the adapter runs.
+PROTOCOLS = ("http", "ray")
 
 
 @dataclass
@@ -103,15 +105,17 @@ class ArcticConfig:
     def __post_init__(self) -> None:
         """Rules that span fields, or whose value needs its own explanation."""
         p = CONFIG_KEY
-        if self.protocol == "ray":
+        if self.protocol not in PROTOCOLS:
             raise ConfigError(
-                f"{p}.protocol='ray' is not supported: this adapter is tested end to end only over HTTP against "
-                "Arctic's own server code, and Arctic's Ray transport starts a server in-process that cannot be "
-                f"checked here. Fix: set {p}.protocol=http (and {p}.launch_server=true to have the backend start "
-                "`python -m arctic_platform.common.http_server` itself)"
+                f"{p}.protocol={self.protocol!r}: must be one of {', '.join(PROTOCOLS)} ('http': an Arctic RL HTTP "
+                "server at host:port; 'ray': Arctic's in-process Ray server, started in verl's Ray cluster). "
+                f"Fix: set {p}.protocol=http or {p}.protocol=ray"
             )
-        if self.protocol != "http":
-            raise ConfigError(f"{p}.protocol={self.protocol!r}: must be 'http'. Fix: set {p}.protocol=http")
+        if self.protocol == "ray" and self.launch_server:
+            raise ConfigError(
+                f"{p}.launch_server=true starts an HTTP server, but {p}.protocol=ray starts Arctic's server inside "
+                f"verl's Ray cluster itself. Fix: set {p}.launch_server=false, or {p}.protocol=http"
+            )
         if self.weight_sync.cuda_ipc and not self.colocate:
             raise ConfigError(
                 f"{p}.weight_sync.cuda_ipc=true requires {p}.colocate=true (CUDA IPC shares one GPU). "

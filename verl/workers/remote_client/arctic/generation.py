@@ -48,23 +48,28 @@ def prompt_text(tokenizer: Any, ids: list[int], *, add_special_tokens: bool) -> 
     return text
 
 
-def parse_result(result: Any, *, want_logprobs: bool) -> GenerateResult:
-    """One ``/generate`` result -> the contract's :class:`GenerateResult`."""
+def parse_result(result: Any, *, want_logprobs: bool, wire: str = "http") -> GenerateResult:
+    """One ``/generate`` result -> the contract's :class:`GenerateResult`.
+
+    ``wire``: ``"http"`` (token ids in the log-prob dicts are strings, from Arctic's JSON wire) or
+    ``"ray"`` (the sampler's own int ids: Arctic's Ray server hands the result over unserialized).
+    """
     token_ids = require(result, "token_ids", op="generate", where="generate result", kind=list)
     if not all(isinstance(t, int) and not isinstance(t, bool) for t in token_ids):
         raise ArcticResponseError("Arctic generate: generate result.token_ids must be a list of ints")
-    log_probs = _sampled_logprobs(result, token_ids) if want_logprobs else None
+    log_probs = _sampled_logprobs(result, token_ids, int if wire == "ray" else str) if want_logprobs else None
     finish = result.get("finish_reason")
     return GenerateResult(token_ids, log_probs, "aborted" if finish == "abort" else "completed")
 
 
-def _sampled_logprobs(result: dict, token_ids: list[int]) -> list[float]:
+def _sampled_logprobs(result: dict, token_ids: list[int], key_type: type = str) -> list[float]:
     """Per-token log-probs of the sampled tokens from a generate result.
 
     Arctic's sampler worker serializes vLLM's sample log-probs as one dict per generated token,
     ``{token_id: {"logprob": float, "rank": int}}`` (the sampled token, plus the top ``logprobs``
-    ones), and its JSON wire turns the ids into strings. Anything else is refused: a bare float per
-    token is not a shape the server produces.
+    ones); over HTTP its JSON wire turns the ids into strings (``key_type=str``), over Ray they stay
+    ints (``key_type=int``). Anything else is refused: a bare float per token is not a shape the
+    server produces, and a key of the other type is not what that transport delivers.
     """
     raw = result.get("logprobs")
     if not isinstance(raw, list) or len(raw) != len(token_ids):
@@ -73,25 +78,25 @@ def _sampled_logprobs(result: dict, token_ids: list[int]) -> list[float]:
             f"is {type(raw).__name__} of length {len(raw) if isinstance(raw, list) else 'n/a'}, expected "
             f"{len(token_ids)} entries"
         )
-    return [_sampled_logprob(entry, tok, i) for i, (tok, entry) in enumerate(zip(token_ids, raw))]
+    return [_sampled_logprob(entry, tok, i, key_type) for i, (tok, entry) in enumerate(zip(token_ids, raw))]
 
 
-def _sampled_logprob(entry: Any, tok: int, i: int) -> float:
+def _sampled_logprob(entry: Any, tok: int, i: int, key_type: type = str) -> float:
     where = f"Arctic generate: generate result.logprobs[{i}]"
     if not isinstance(entry, dict):
         raise ArcticResponseError(
             f"{where} is {type(entry).__name__} {entry!r:.80}, expected a dict mapping token ids (strings) to "
             "{'logprob': float, 'rank': int}, as Arctic's sampler returns vLLM's log-probs"
         )
-    odd = next((k for k in entry if not isinstance(k, str)), None)
+    odd = next((k for k in entry if type(k) is not key_type), None)
     if odd is not None:
-        raise ArcticResponseError(
-            f"{where} has a {type(odd).__name__} key {odd!r}; token ids arrive as strings over Arctic's JSON wire"
-        )
-    if str(tok) not in entry:
-        shown = ", ".join(sorted(entry, key=lambda k: (len(k), k))[:8]) or "none"
+        how = "as strings over Arctic's JSON wire" if key_type is str else "as ints from Arctic's Ray server"
+        raise ArcticResponseError(f"{where} has a {type(odd).__name__} key {odd!r}; token ids arrive {how}")
+    key = key_type(tok)
+    if key not in entry:
+        shown = ", ".join(sorted((str(k) for k in entry), key=lambda k: (len(k), k))[:8]) or "none"
         raise ArcticResponseError(f"{where} has no entry for the sampled token {tok} (token ids present: {shown})")
-    item = entry[str(tok)]
+    item = entry[key]
     value = item.get("logprob") if isinstance(item, dict) else None
     if isinstance(value, bool) or not isinstance(value, float) or not math.isfinite(value):
         raise ArcticResponseError(

@@ -1,0 +1,163 @@
+"""Fault injection, Arctic's in-process Ray server (``remote_backend.arctic.protocol=ray``).
+
+The Ray counterparts of ``test_fault_injection_slow.py``'s Arctic cases: the server, here the
+``ArcticRLRayServerState`` actor that arctic-platform's ``RayTransport`` started in this test's
+Ray cluster, is SIGKILLed or SIGSTOPped while a forwarder's ``compute_log_prob`` is in flight.
+As for HTTP, a hang is armed in the training job's DeepSpeed worker first (the stand-in's
+``standin_arm_hang``), so the call is surely in flight when the fault lands. Each case checks the
+error type and message, the time from fault to error, and that the server's processes are gone
+(the state actor and the DeepSpeed worker actors it owns); the killed case also keeps the
+checkpoint saved before it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from arctic_standin.ray_setup import start_ray
+from support.aio import run_async
+from support.forwarder import in_process_forwarder
+
+from verl.remote_backend.errors import BackendDiedError
+
+pytestmark = pytest.mark.slow
+
+DEATH_BOUND_S = 30  # as for HTTP (issue 7: <= 30 s)
+run = functools.partial(run_async, cap_s=120)
+
+
+def _gone(pid: int, within_s: float = 20) -> bool:
+    import psutil
+
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    pytest.importorskip("arctic_platform")
+    import ray
+
+    if ray.is_initialized():  # a cluster left by another module has neither logical GPUs nor the stand-in's hook
+        ray.shutdown()
+    start_ray(logical_gpus=1)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture
+def arctic_ray(ray_cluster, tiny_model_dir, monkeypatch, tmp_path):
+    """An owner on Arctic's Ray server, a forwarder re-attached to it, and the server's process ids."""
+    from arctic_standin.harness import compose_config
+    from omegaconf import OmegaConf, open_dict
+
+    from verl.remote_backend import RemoteBackendRegistry
+
+    ray = ray_cluster
+    cfg = compose_config(
+        tiny_model_dir,
+        str(tmp_path / "ckpt"),
+        8000,
+        ["actor_rollout_ref.actor.use_kl_loss=false", "remote_backend.arctic.protocol=ray"],
+    )
+    with open_dict(cfg):
+        for key, value in {
+            "remote_backend.timeouts": {"health": 1.0},
+            "remote_backend.liveness": {"interval_s": 0.5, "failures": 2},
+        }.items():
+            OmegaConf.update(cfg, key, value, merge=True)
+    owner = RemoteBackendRegistry.create("arctic", cfg)
+    state = owner._ray_state
+    workers = ray.get(state.get_training_workers.remote())
+    pids = {
+        "state": ray.get(state.__ray_call__.remote(lambda _self: os.getpid())),
+        "workers": [ray.get(w.__ray_call__.remote(lambda _self: os.getpid())) for w in workers],
+    }
+    try:
+        forwarder = in_process_forwarder(cfg, owner.reconnect_handle(), monkeypatch)
+        yield {"owner": owner, "forwarder": forwarder, "cfg": cfg, "pids": pids, "workers": workers}
+    finally:
+        try:
+            os.kill(pids["state"], signal.SIGKILL)  # a SIGSTOPped actor ignores Ray's own kill
+        except ProcessLookupError:
+            pass
+        asyncio.run(owner.destroy())
+        assert _gone(pids["state"]), "Arctic's state actor outlived the test"
+
+
+def _batch(cfg):
+    from arctic_standin.harness import make_batch
+    from transformers import AutoTokenizer
+
+    from verl.utils import tensordict_utils as tu
+
+    tok = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.path)
+    data = make_batch(prompt_lens=[3, 6], response_lens=[4, 2], prompt_width=6, response_width=4, vocab=len(tok),
+                      pad_token_id=tok.pad_token_id)  # fmt: skip
+    tu.assign_non_tensor(data, calculate_entropy=False, temperature=1.0)
+    return data
+
+
+def _arm_hang(env) -> None:
+    env["forwarder"]  # noqa: B018 - the forwarder exists (and slept the sampler) before the hang is armed
+    import ray
+
+    ray.get([w.standin_arm_hang.remote("forward_no_grad", 600) for w in env["workers"]])
+
+
+async def _call_then(action, call, delay_s=1.0):
+    task = asyncio.ensure_future(call)
+    await asyncio.sleep(delay_s)
+    assert not task.done(), "the call finished before the fault was injected"
+    action()
+    started = time.monotonic()
+    try:
+        return await task
+    finally:
+        _call_then.seconds = time.monotonic() - started
+
+
+def test_arctic_ray_server_state_actor_killed_mid_call(fault, arctic_ray):
+    fwd, pids = arctic_ray["forwarder"], arctic_ray["pids"]
+    saved = run(
+        fwd.save_checkpoint(str(Path(arctic_ray["cfg"].trainer.default_local_dir) / "global_step_1" / "actor"), None, 1)
+    )
+    fault.protect(saved)
+    _arm_hang(arctic_ray)
+    with fault.expect(
+        BackendDiedError,
+        match=r"'arctic' died during compute_log_prob: .*ArcticRLRayServerState actor .*Its logs: .*logs",
+        within_s=DEATH_BOUND_S,
+    ):
+        run(_call_then(lambda: os.kill(pids["state"], signal.SIGKILL), fwd.compute_log_prob(_batch(arctic_ray["cfg"]))))
+    assert _call_then.seconds < DEATH_BOUND_S
+    assert _gone(pids["state"])
+    assert all(_gone(pid) for pid in pids["workers"]), "the DeepSpeed workers outlived their state actor"
+
+
+def test_arctic_ray_server_state_actor_frozen_mid_call(fault, arctic_ray):
+    """SIGSTOP: the actor stays 'alive' to Ray and nothing answers - only the liveness probes can tell."""
+    fwd, pids = arctic_ray["forwarder"], arctic_ray["pids"]
+    _arm_hang(arctic_ray)
+    with fault.expect(
+        BackendDiedError,
+        match=r"'arctic' died during .*2 consecutive health probes failed.*Its logs: .*ArcticRLRayServerState",
+        within_s=DEATH_BOUND_S,
+    ):
+        run(_call_then(lambda: os.kill(pids["state"], signal.SIGSTOP), fwd.compute_log_prob(_batch(arctic_ray["cfg"]))))
+    assert _call_then.seconds < 15  # by design ~3 s: interval 0.5 s + 2 probes of 1 s + backoff
