@@ -14,7 +14,7 @@ import errno
 import os
 import re
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Callable, Optional
 
 from verl.remote_backend.errors import CheckpointSaveError, ResumeCheckpointError
@@ -34,6 +34,7 @@ __all__ = [
     "check_resume_checkpoint",
     "resume_failure",
     "storage_failure",
+    "exception_chain",
 ]
 
 #: verl's tracker of the last *completed* checkpoint (written after everything else).
@@ -223,18 +224,25 @@ _STORAGE_MESSAGES = {
 }
 
 
-def _storage_reason(exc: BaseException) -> Optional[str]:
-    """What the storage refused, from ``exc`` or one of its causes; ``None`` when it is not a storage failure."""
+def exception_chain(exc: Optional[BaseException]) -> Iterator[BaseException]:
+    """``exc``, then what caused it (``__cause__``, else ``__context__``), each once: how a save's
+    failure reaches the trainer wrapped by Ray or the forwarder."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in _STORAGE_ERRNOS:
-            return _STORAGE_ERRNOS[exc.errno]
-        text = str(exc)
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def _storage_reason(exc: BaseException) -> Optional[str]:
+    """What the storage refused, from ``exc`` or one of its causes; ``None`` when it is not a storage failure."""
+    for link in exception_chain(exc):
+        if isinstance(link, OSError) and link.errno in _STORAGE_ERRNOS:
+            return _STORAGE_ERRNOS[link.errno]
+        text = str(link)
         for needle, reason in _STORAGE_MESSAGES.items():
             if needle in text:
                 return reason
-        exc = exc.__cause__ or exc.__context__
     return None
 
 

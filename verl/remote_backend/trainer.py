@@ -19,7 +19,7 @@ from typing import Any, Optional
 import ray
 
 from verl.remote_backend.base import RemoteBackend, destroy_backend
-from verl.remote_backend.checkpoints import TRACKER_FILE, storage_failure, tracker_step
+from verl.remote_backend.checkpoints import TRACKER_FILE, exception_chain, storage_failure, tracker_step
 from verl.remote_backend.errors import BackendTimeoutError, CheckpointSaveError, ConfigError, RunInterruptedError
 from verl.remote_backend.forwarder.backend_worker import backend_worker_class
 from verl.remote_backend.launch.cpu_compat import install_flash_attn_fallback
@@ -286,10 +286,4 @@ def _rewrite_tracker(root: str, step: int) -> None:
 def _is_save_refusal(exc: BaseException) -> bool:
     """A :class:`CheckpointSaveError` raised by the backend's save, whether it arrives as itself or
     wrapped by Ray (``RayTaskError`` subclasses the cause's type) or by the forwarder."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, CheckpointSaveError):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
+    return any(isinstance(link, CheckpointSaveError) for link in exception_chain(exc))
