@@ -89,9 +89,34 @@ def build_gsm8k(
 #: The smallest remote-backend run: the switch plus what verl's CPU-only remote path needs (verl's
 #: new worker implementation, CPU, one forwarder, the ``remote`` rollout with one replica), GRPO,
 #: and no resume. Tests that compose configs or run the entry point start from these.
+@dataclass(frozen=True)
+class ReleaseSwitch:
+    """The key of verl's config that only one release has and the remote path sets: verl 0.7.1's
+    worker-path switch, verl 0.9.1's trainer switch. ``refused``: an explicit value it refuses."""
+
+    key: str
+    verl_default: Any
+    remote_value: Any
+    refused: str
+
+
+def release_switch() -> ReleaseSwitch:
+    """The :class:`ReleaseSwitch` of the installed verl."""
+    from verl.remote_backend.verl_versions import installed_verl_version
+
+    if installed_verl_version() == "0.7.1":
+        return ReleaseSwitch("trainer.use_legacy_worker_impl", "auto", "disable", "enable")
+    return ReleaseSwitch("trainer.use_v1", True, False, "true")
+
+
+def _release_overrides() -> tuple[str, ...]:
+    switch = release_switch()
+    return (f"{switch.key}={str(switch.remote_value).lower()}",)
+
+
 REMOTE_BASE_OVERRIDES = (
     "trainer.remote_backend=local",
-    "trainer.use_legacy_worker_impl=disable",
+    *_release_overrides(),
     "trainer.device=cpu",
     "trainer.n_gpus_per_node=1",
     "trainer.nnodes=1",

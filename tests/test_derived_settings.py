@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 from remote_e2e import (
     REQUIRED_STEP_METRICS,
     compose,
+    release_switch,
     verl_grpo_gsm8k_line,
 )
 
@@ -44,8 +45,9 @@ def test_verls_grpo_line_plus_the_switch_is_derived_into_a_valid_remote_run(asse
     with pytest.raises(ConfigError):  # as composed, verl's GPU layout cannot run remotely
         validate_remote_backend_config(config)
     changes = derive_remote_settings(config, explicit_override_keys(line))
+    switch = release_switch()  # 0.7.1: use_legacy_worker_impl; 0.9.1: use_v1
     assert {(c.key, c.before, c.after) for c in changes} == {
-        ("trainer.use_legacy_worker_impl", "auto", "disable"),
+        (switch.key, switch.verl_default, switch.remote_value),
         ("trainer.device", "cuda", "cpu"),
         ("actor_rollout_ref.rollout.name", "vllm", "remote"),
         ("actor_rollout_ref.rollout.tensor_model_parallel_size", 2, 1),
@@ -86,7 +88,10 @@ def test_nothing_is_derived_on_verls_own_path(assets):
 @pytest.mark.parametrize(
     "override, match",
     [
-        ("trainer.use_legacy_worker_impl=enable", r"trainer.use_legacy_worker_impl='enable' was set explicitly"),
+        (
+            f"{release_switch().key}={release_switch().refused}",
+            rf"(?i){release_switch().key}='?{release_switch().refused}'? was set explicitly",
+        ),
         ("trainer.device=cuda", r"trainer.device='cuda' was set explicitly.*computes nothing on an accelerator"),
         ("actor_rollout_ref.rollout.name=my_engine", r"actor_rollout_ref.rollout.name='my_engine' was set explicitly"),
     ],

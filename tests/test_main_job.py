@@ -59,7 +59,8 @@ def test_the_console_shows_our_lines_one_line_per_step_and_everything_after_a_fa
         "ray init kwargs: {...}",
         "\x1b[36m(TaskRunner pid=1)\x1b[0m {'actor_rollout_ref': {'actor': ...",
         "[remote_backend] set for trainer.remote_backend=local: trainer.device=cpu (was cuda)",
-        "\x1b[36m(TaskRunner pid=1)\x1b[0m step:1 - actor/pg_loss:0.012 - critic/score/mean:0.25 - "
+        # numpy >= 2 (verl 0.9.1) prints its scalars as np.float64(...)
+        "\x1b[36m(TaskRunner pid=1)\x1b[0m step:1 - actor/pg_loss:np.float64(0.012) - critic/score/mean:0.25 - "
         "timing_s/step:98.1 - x/y:3",
         "noise",
         "[remote_backend] run failed: BackendDiedError: remote backend 'local' died during update_actor",

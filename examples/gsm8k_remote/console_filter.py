@@ -24,6 +24,7 @@ SHOWN = {
 }
 FAILURE = ("run failed", "Traceback (most recent call last)", "Error executing job", "interrupted (Ctrl-C)")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
+NUMPY_SCALAR = re.compile(r"np\.\w+\((.*)\)")
 
 
 def step_metrics(line: str) -> Optional[tuple[int, dict[str, float]]]:
@@ -37,8 +38,9 @@ def step_metrics(line: str) -> Optional[tuple[int, dict[str, float]]]:
         name, colon, text = item.rpartition(":")
         if not colon:
             continue
+        scalar = NUMPY_SCALAR.fullmatch(text.strip())  # numpy >= 2 prints np.float64(0.5)
         try:
-            values[name.strip()] = float(text)
+            values[name.strip()] = float(scalar.group(1) if scalar else text)
         except ValueError:
             continue
     return int(match.group(1)), values

@@ -72,7 +72,7 @@ def _seed_each_sample(config: Any) -> None:
 def run(config: Any, explicit_keys: Optional[Collection[str]] = None) -> None:
     """Run PPO/GRPO for a composed config.
 
-    ``trainer.remote_backend=null``: verl's ``run_ppo(config)``, as ``verl.trainer.main_ppo`` runs it.
+    ``trainer.remote_backend=null``: verl's own run, as ``verl.trainer.main_ppo`` runs it.
     Otherwise: move the backend's credential settings into their environment variables, derive
     the keys with one valid value on the remote path and print them in one line, validate on the
     driver before Ray starts (a moved credential cannot reach an existing cluster), fill a null
@@ -87,10 +87,14 @@ def run(config: Any, explicit_keys: Optional[Collection[str]] = None) -> None:
     import ray
 
     from verl.experimental.reward_loop import migrate_legacy_reward_impl
+    from verl.remote_backend.verl_versions import verl_glue
     from verl.trainer.main_ppo import run_ppo
     from verl.utils.device import auto_set_device
 
-    auto_set_device(config)
+    if backend_name(config) is None:
+        # Only verl's own path: the remote path's verl side is CPU by design, and verl 0.9.1's
+        # platform detection reports "cuda" on a machine with no accelerator at all.
+        auto_set_device(config)
     config = migrate_legacy_reward_impl(config)
     moved_secrets = _hide_backend_secrets(config)
     derived = derive_remote_settings(config, explicit_keys)
@@ -98,7 +102,7 @@ def run(config: Any, explicit_keys: Optional[Collection[str]] = None) -> None:
         print(describe(backend_name(config), derived), flush=True)
     plan = validate_remote_backend_config(config)
     if plan is None:
-        run_ppo(config)
+        verl_glue().run_stock_ppo(config)
         return
 
     from verl.remote_backend.task_runner import RemoteBackendTaskRunner

@@ -4,7 +4,8 @@ verl's ``TaskRunner.run`` (the Ray actor that builds datasets, tokenizer and tra
 ``RayPPOTrainer`` by its module-global name and offers no hook for another class. Rather than
 copy ``run``, this subclass overrides the ``add_*``/``init_*`` hooks it does offer and points
 that global at :class:`RemoteBackendTrainer` while ``run`` lasts; the runner is a Ray actor
-process of its own, so nothing else sees the substitution.
+process of its own, so nothing else sees the substitution. Which module holds that runner
+differs between verl releases (``verl_versions``).
 """
 
 from __future__ import annotations
@@ -20,25 +21,28 @@ from verl.remote_backend.errors import RunInterruptedError
 from verl.remote_backend.launch.cpu_compat import install_flash_attn_fallback
 from verl.remote_backend.launch.interrupts import sigint_raises_keyboard_interrupt
 from verl.remote_backend.trainer import CPUResourcePoolManager, RemoteBackendTrainer, forwarder_role
-from verl.trainer.main_ppo import TaskRunner
+from verl.remote_backend.verl_versions import verl_glue
+
+_glue = verl_glue()
 
 __all__ = ["RemoteBackendTaskRunner", "substitute_trainer_class"]
 
 
 @contextlib.contextmanager
 def substitute_trainer_class(trainer_cls: type) -> Iterator[None]:
-    """Make ``verl.trainer.main_ppo.TaskRunner.run`` build ``trainer_cls`` while inside."""
-    import verl.trainer.main_ppo as verl_main_ppo
+    """Make verl's ``TaskRunner.run`` build ``trainer_cls`` while inside."""
+    import importlib
 
-    original = verl_main_ppo.RayPPOTrainer
-    verl_main_ppo.RayPPOTrainer = trainer_cls
+    runner_module = importlib.import_module(_glue.TASK_RUNNER_MODULE)
+    original = runner_module.RayPPOTrainer
+    runner_module.RayPPOTrainer = trainer_cls
     try:
         yield
     finally:
-        verl_main_ppo.RayPPOTrainer = original
+        runner_module.RayPPOTrainer = original
 
 
-class RemoteBackendTaskRunner(TaskRunner):
+class RemoteBackendTaskRunner(_glue.task_runner_class()):
     """Runs verl's ``TaskRunner.run`` with remote-backend pieces in place of verl's workers."""
 
     def add_actor_rollout_worker(self, config: Any):

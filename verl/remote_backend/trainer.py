@@ -31,6 +31,7 @@ from verl.remote_backend.launch.validation import (
 from verl.remote_backend.registry import RemoteBackendRegistry
 from verl.remote_backend.reliability.guard import run_with_timeout
 from verl.remote_backend.reliability.policy import ReliabilitySettings
+from verl.remote_backend.verl_versions import verl_glue
 from verl.single_controller.ray import RayResourcePool, ResourcePoolManager
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 from verl.trainer.ppo.utils import Role, need_reference_policy
@@ -249,8 +250,7 @@ class RemoteBackendTrainer(RayPPOTrainer):
                 refs += list(wg.detach_backend())  # non-blocking: one ref per forwarder
             except Exception as exc:  # noqa: BLE001 - teardown must reach backend.destroy()
                 logger.warning("Could not detach forwarders from the backend: %s", exc)
-        manager = getattr(self, "async_rollout_manager", None)
-        for replica in getattr(manager, "rollout_replicas", None) or []:
+        for replica in verl_glue().rollout_replicas(self):
             refs += [server.destroy.remote() for server in replica.servers]
         if refs:
             try:

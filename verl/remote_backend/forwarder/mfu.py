@@ -83,13 +83,24 @@ def model_tflops(flops_counter: Any, seqlens: Sequence[int]) -> float:
     Called by :func:`compute_mfu` (the forwarder) and by benchmarks.
     """
     seqlens = [int(s) for s in seqlens]
-    tflops, _ = flops_counter.estimate_flops(seqlens, 1.0)  # over 1 s = TFLOPs of the pass
+    tflops = _verl_formula_tflops(flops_counter, seqlens)
     config = getattr(flops_counter, "config", None)
     config = getattr(config, "text_config", None) or config
     vocab, hidden = getattr(config, "vocab_size", None), getattr(config, "hidden_size", None)
     if not tflops or not vocab or not hidden:
         return float(tflops or 0.0)
     return max(0.0, float(tflops) - 6.0 * vocab * hidden * sum(seqlens) / 1e12)
+
+
+def _verl_formula_tflops(flops_counter: Any, seqlens: list[int]) -> float:
+    """TFLOPs of one pass by verl's per-architecture formula (``ESTIMATE_FUNC``, as
+    ``FlopsCounter.estimate_flops`` over 1 s), without that method's device-peak lookup: on verl
+    0.9.1 the lookup asks CUDA for the device name even in a CPU-only process, and fails there."""
+    from verl.utils.flops_counter import ESTIMATE_FUNC
+
+    config = flops_counter.config
+    formula = ESTIMATE_FUNC.get(getattr(config, "model_type", None))
+    return float(formula(config, sum(seqlens), seqlens, 1.0)) if formula is not None else 0.0
 
 
 def measure_matmul_flops(device: Any, dtype: Any, *, size: int = 0, seconds: float = 0.3) -> float:

@@ -230,8 +230,10 @@ class RemoteBackendWorker(Worker):
         return tu.get_tensordict(tensor_dict={}, non_tensor_dict={"metrics": metrics})
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
-    async def update_weights(self, global_steps: Optional[int] = None) -> Optional[dict[str, Any]]:
-        """Make the backend's sampler use the latest weights (rank 0 forwards; one engine)."""
+    async def update_weights(self, global_steps: Optional[int] = None, mode: str = "naive") -> Optional[dict[str, Any]]:
+        """Make the backend's sampler use the latest weights (rank 0 forwards; one engine). verl's
+        checkpoint engine passes ``global_steps`` (and, on verl 0.9.1, its transfer ``mode``); the
+        backend syncs its own way, so neither changes what is done."""
         if self.rank != 0:
             return None
         backend = self._require_backend()

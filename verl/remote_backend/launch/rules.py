@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from verl.remote_backend.errors import ConfigError
 from verl.remote_backend.settings.loader import select
+from verl.remote_backend.verl_versions import verl_glue
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -72,13 +73,22 @@ def required_settings(config: "DictConfig", name: str, single_forwarder: bool) -
     ``single_forwarder``: the backend owns its parallelism (``requires_single_forwarder``), so
     the forwarder count (``n_gpus_per_node * nnodes``) must be one.
     """
-    rules = [
-        RequiredSetting(
-            "trainer.use_legacy_worker_impl",
-            "disable",
-            "remote backends plug into verl's new worker path (nested-jagged TensorDict batches) only",
-            refuse_explicit=lambda v: v == "enable",
-        ),
+    rules = []
+    if select(config, "trainer.use_legacy_worker_impl") is not None:  # verl 0.7.1 (0.9.1 has the new path only)
+        rules.append(
+            RequiredSetting(
+                "trainer.use_legacy_worker_impl",
+                "disable",
+                "remote backends plug into verl's new worker path (nested-jagged TensorDict batches) only",
+                refuse_explicit=lambda v: v == "enable",
+            )
+        )
+    rules += [
+        RequiredSetting(key, value, reason, refuse_explicit=lambda v, value=value: v is not None and v != value)
+        for key, value, reason in verl_glue().RELEASE_REQUIRED_SETTINGS
+        if select(config, key) is not None
+    ]
+    rules += [
         RequiredSetting(
             "trainer.device",
             "cpu",

@@ -46,7 +46,12 @@ class _SlotLayer(CacheLayerMixin):
         return self.owner.width - 1
 
     def get_max_length(self) -> int:
+        """No fixed maximum (slots grow by doubling); transformers >= 5.11 asks under this name."""
         return -1
+
+    def get_max_cache_shape(self) -> int:
+        """:meth:`get_max_length` under the name transformers < 5.11 (verl 0.9.1's range) asks for."""
+        return self.get_max_length()
 
 
 class SlotCache(Cache):

@@ -121,8 +121,9 @@ class RemoteRolloutServer:
         """Drop cached prefixes (optional ``clear_kv_cache`` capability)."""
         await self._maybe_call("clear_kv_cache")
 
-    async def abort_all_requests(self) -> None:
-        """Partial rollout is not supported; requests always run to completion."""
+    async def abort_all_requests(self, reject_request: bool = False) -> None:
+        """Partial rollout is not supported; requests always run to completion (verl 0.9.1 also
+        passes ``reject_request``)."""
 
     async def resume_generation(self) -> None:
         """Counterpart of :meth:`abort_all_requests` (nothing to resume)."""

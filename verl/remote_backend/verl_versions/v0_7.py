@@ -1,0 +1,38 @@
+"""verl 0.7.1: ``main_ppo.TaskRunner`` is a plain class and ``run_ppo`` builds it itself.
+
+Every module of this folder defines the same names; see ``verl_versions/__init__.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: Trainer verl's task runner builds on the remote path (the only trainer 0.7.1 has).
+TRAINER = "RayPPOTrainer (verl.trainer.ppo.ray_trainer)"
+
+#: Module whose global ``RayPPOTrainer`` verl's ``TaskRunner.run`` instantiates.
+TASK_RUNNER_MODULE = "verl.trainer.main_ppo"
+
+
+def task_runner_class() -> type:
+    """verl's task runner as a plain (not yet ``ray.remote``) class, to subclass."""
+    from verl.trainer.main_ppo import TaskRunner
+
+    return TaskRunner
+
+
+def run_stock_ppo(config: Any) -> None:
+    """verl's own run for ``trainer.remote_backend=null``, as ``verl.trainer.main_ppo`` runs it."""
+    from verl.trainer.main_ppo import run_ppo
+
+    run_ppo(config)
+
+
+def rollout_replicas(trainer: Any) -> list:
+    """The rollout replicas ``RayPPOTrainer.init_workers`` built (empty before it ran)."""
+    manager = getattr(trainer, "async_rollout_manager", None)
+    return list(getattr(manager, "rollout_replicas", None) or [])
+
+
+#: Keys of verl's config the remote path sets that exist only in this release (with their value).
+RELEASE_REQUIRED_SETTINGS: tuple = ()
