@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Create (or reuse) the project's Python 3.12 virtual environment and install
 # verl-remote-backend into it with the extras given as $1 (default: "test"; "base" = what the
-# main job needs: the package and its [examples] extra, without arctic-platform and deepspeed).
+# main job needs: the package and its [examples] extra, without arctic-platform and deepspeed),
+# on verl $VRB_VERL (default 0.7.1; the other supported release is 0.9.1, for which "test" means
+# the [test-core] extra: the Arctic client and the Tinker SDK are tested on 0.7.1 only).
 #
 # The environment lives outside the checkout, keyed by a hash of pyproject.toml's dependencies,
 # so a repeat run with unchanged dependencies only reinstalls our own files
@@ -21,14 +23,21 @@ p = tomllib.load(open(sys.argv[1], "rb"))
 proj = p["project"]
 print(json.dumps([p["build-system"], proj.get("requires-python"), proj.get("dependencies"),
                   proj.get("optional-dependencies")], sort_keys=True))' "$repo/pyproject.toml")"
-key="$(echo "$deps" | sha256sum | cut -c1-12)-${extras//[^a-z,]/}"
+verl_version="${VRB_VERL:-0.7.1}"
+case "$verl_version" in
+    0.7.1) release="" ;;
+    0.9.1) release="-verl091" ;;
+    *) echo "error: VRB_VERL=$verl_version: the supported verl releases are 0.7.1 and 0.9.1" >&2; exit 1 ;;
+esac
+key="$(echo "$deps" | sha256sum | cut -c1-12)-${extras//[^a-z,]/}$release"
 venv="${VRB_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/verl-remote-backend/venv-$key}"
 
 spec="$repo[$extras]"
 if [ "$extras" = "base" ]; then spec="$repo[examples]"; fi
+if [ "$extras" = "test" ] && [ -n "$release" ]; then spec="$repo[test-core]"; fi
 # Dependencies first (cached with the venv), then our own files below.
-build_cached_venv "$venv" setup "~4 min, ~6 GB" "$spec"
-if [ "$extras" = "test" ]; then
+build_cached_venv "$venv" setup "~4 min, ~6 GB" "$spec" "verl==$verl_version"
+if [ "$extras" = "test" ] && [ -z "$release" ]; then
     # Snowflake's verl plugin (arctic_platform.integrations.verl, tests/test_arctic_plugin_e2e.py)
     # checks that arctic-platform's [verl] extra is installed, which includes arctic-inference:
     # a source-only package (its vLLM extra, CUDA only, is not needed). Built once per cached venv.

@@ -9,6 +9,8 @@ from stub_backend import StubBackend
 
 from verl.remote_backend import BackendDevice, RemoteBackend, supports_resume
 
+pytestmark = pytest.mark.every_verl  # also on verl 0.9.1 (tests/conftest.py)
+
 CONTRACT = (
     "from_config",
     "reconnect_handle",

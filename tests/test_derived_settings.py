@@ -25,6 +25,8 @@ from verl.remote_backend.launch.derive import derive_remote_settings, describe, 
 from verl.remote_backend.launch.rules import check_required_settings, required_settings
 from verl.remote_backend.launch.validation import validate_remote_backend_config
 
+pytestmark = pytest.mark.every_verl  # also on verl 0.9.1 (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def assets(small_gsm8k_assets, tmp_path_factory):

@@ -14,6 +14,8 @@ import pytest
 
 from verl.remote_backend import BackendImportError, RemoteBackend, RemoteBackendRegistry, UnknownBackendError
 
+pytestmark = pytest.mark.every_verl  # also on verl 0.9.1 (tests/conftest.py)
+
 TEST_TIER = "integration"  # starts Ray, a server, an engine or a model (tiers: tests/conftest.py)
 
 # A complete backend whose module registers itself under NAME when imported.

@@ -19,7 +19,7 @@ import json
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.every_verl]  # also on verl 0.9.1 (tests/conftest.py)
 
 
 def _manifest(path) -> dict:

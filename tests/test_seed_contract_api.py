@@ -24,6 +24,8 @@ from verl.remote_backend.worker_utils import (
     shift_nested_response_aligned_to_predict_next,
 )
 
+pytestmark = pytest.mark.every_verl  # also on verl 0.9.1 (tests/conftest.py)
+
 
 # ---------------------------------------------------------------- registry
 def test_registry_is_importable_from_base_as_the_seed_contract_puts_it():

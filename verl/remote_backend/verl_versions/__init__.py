@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-__all__ = ["SUPPORTED_VERL_VERSIONS", "installed_verl_version", "verl_glue"]
+__all__ = ["SUPPORTED_VERL_VERSIONS", "installed_verl_version", "require_supported_verl", "verl_glue"]
 
 #: verl release -> module of this package holding that release's glue. The tested releases only:
 #: a release in between (0.8.0, 0.9.0) may differ in ways no test here has seen.
@@ -26,18 +26,27 @@ def installed_verl_version() -> str:
     return str(getattr(verl, "__version__", "unknown"))
 
 
-def verl_glue() -> ModuleType:
-    """The glue module for the installed verl (``v0_7`` or ``v0_9``); both define the same names.
+def require_supported_verl() -> str:
+    """The installed verl's version, checked (cheap: imports no glue). ``verl.remote_backend`` calls
+    it on import, so an unsupported verl fails there and not mid-run.
 
     Raises:
         ImportError: the installed verl is not a supported release; the message names them and the fix.
     """
     version = installed_verl_version()
-    module = SUPPORTED_VERL_VERSIONS.get(version)
-    if module is None:
+    if version not in SUPPORTED_VERL_VERSIONS:
         supported = " and ".join(SUPPORTED_VERL_VERSIONS)
         raise ImportError(
             f"verl-remote-backend supports verl {supported}; this environment has verl {version}. "
             f"Install a supported release, e.g. `pip install verl=={list(SUPPORTED_VERL_VERSIONS)[-1]}`."
         )
-    return importlib.import_module(f"{__name__}.{module}")
+    return version
+
+
+def verl_glue() -> ModuleType:
+    """The glue module for the installed verl (``v0_7`` or ``v0_9``); both define the same names.
+
+    Raises:
+        ImportError: the installed verl is not a supported release (:func:`require_supported_verl`).
+    """
+    return importlib.import_module(f"{__name__}.{SUPPORTED_VERL_VERSIONS[require_supported_verl()]}")
