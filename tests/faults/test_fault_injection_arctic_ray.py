@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from arctic_standin.ray_setup import start_ray
-from support.aio import run_async
+from support.aio import FaultTimer, call_then_inject, run_async
 from support.forwarder import in_process_forwarder
 
 from verl.remote_backend.errors import BackendDiedError
@@ -30,6 +30,9 @@ pytestmark = pytest.mark.slow
 
 DEATH_BOUND_S = 30  # as for HTTP (issue 7: <= 30 s)
 run = functools.partial(run_async, cap_s=120)
+
+#: when the last injected fault's call ended (call_then_inject)
+_fault_timer = FaultTimer()
 
 
 def _gone(pid: int, within_s: float = 20) -> bool:
@@ -120,18 +123,6 @@ def _arm_hang(env) -> None:
     ray.get([w.standin_arm_hang.remote("forward_no_grad", 600) for w in env["workers"]])
 
 
-async def _call_then(action, call, delay_s=1.0):
-    task = asyncio.ensure_future(call)
-    await asyncio.sleep(delay_s)
-    assert not task.done(), "the call finished before the fault was injected"
-    action()
-    started = time.monotonic()
-    try:
-        return await task
-    finally:
-        _call_then.seconds = time.monotonic() - started
-
-
 def test_arctic_ray_server_state_actor_killed_mid_call(fault, arctic_ray):
     fwd, pids = arctic_ray["forwarder"], arctic_ray["pids"]
     saved = run(
@@ -144,8 +135,15 @@ def test_arctic_ray_server_state_actor_killed_mid_call(fault, arctic_ray):
         match=r"'arctic' died during compute_log_prob: .*ArcticRLRayServerState actor .*Its logs: .*logs",
         within_s=DEATH_BOUND_S,
     ):
-        run(_call_then(lambda: os.kill(pids["state"], signal.SIGKILL), fwd.compute_log_prob(_batch(arctic_ray["cfg"]))))
-    assert _call_then.seconds < DEATH_BOUND_S
+        run(
+            call_then_inject(
+                lambda: os.kill(pids["state"], signal.SIGKILL),
+                fwd.compute_log_prob(_batch(arctic_ray["cfg"])),
+                delay_s=1.0,
+                timer=_fault_timer,
+            )
+        )
+    assert _fault_timer.seconds < DEATH_BOUND_S
     assert _gone(pids["state"])
     assert all(_gone(pid) for pid in pids["workers"]), "the DeepSpeed workers outlived their state actor"
 
@@ -159,5 +157,12 @@ def test_arctic_ray_server_state_actor_frozen_mid_call(fault, arctic_ray):
         match=r"'arctic' died during .*2 consecutive health probes failed.*Its logs: .*ArcticRLRayServerState",
         within_s=DEATH_BOUND_S,
     ):
-        run(_call_then(lambda: os.kill(pids["state"], signal.SIGSTOP), fwd.compute_log_prob(_batch(arctic_ray["cfg"]))))
-    assert _call_then.seconds < 15  # by design ~3 s: interval 0.5 s + 2 probes of 1 s + backoff
+        run(
+            call_then_inject(
+                lambda: os.kill(pids["state"], signal.SIGSTOP),
+                fwd.compute_log_prob(_batch(arctic_ray["cfg"])),
+                delay_s=1.0,
+                timer=_fault_timer,
+            )
+        )
+    assert _fault_timer.seconds < 15  # by design ~3 s: interval 0.5 s + 2 probes of 1 s + backoff

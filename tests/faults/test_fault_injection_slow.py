@@ -29,7 +29,7 @@ import pytest
 import torch
 from local_backend_helpers import dense_rollout_batch, engine_info, random_rollouts, to_no_padding
 from remote_e2e import _tree, build_gsm8k, compose, external_modules_env, small_ci_overrides
-from support.aio import run_async
+from support.aio import FaultTimer, call_then_inject, run_async
 from support.forwarder import in_process_forwarder
 
 from faults.backends import CorruptingLocalBackend
@@ -40,6 +40,9 @@ pytestmark = pytest.mark.slow
 
 # Bound from a process's death to the error (issue 7: <= 30 s).
 DEATH_BOUND_S = 30
+
+#: when the last injected fault's call ended (call_then_inject)
+_fault_timer = FaultTimer()
 
 
 run = functools.partial(run_async, cap_s=120)  # every op of these tests is bounded: a hang fails fast
@@ -374,18 +377,6 @@ def _arm_hang(port: int, endpoint: str) -> None:
     ).raise_for_status()
 
 
-async def _call_then(action, call, delay_s=0.5):
-    task = asyncio.ensure_future(call)
-    await asyncio.sleep(delay_s)
-    assert not task.done(), "the call finished before the fault was injected"
-    action()
-    started = time.monotonic()
-    try:
-        return await task
-    finally:
-        _call_then.seconds = time.monotonic() - started
-
-
 def test_arctic_server_killed_mid_call(fault, arctic):
     fwd, proc, port = arctic["forwarder"], arctic["proc"], arctic["port"]
     saved = run(
@@ -398,8 +389,15 @@ def test_arctic_server_killed_mid_call(fault, arctic):
         match=rf"'arctic' died during compute_log_prob: .*127\.0\.0\.1:{port}.*Its logs: .*arctic_server_{port}\.log",
         within_s=DEATH_BOUND_S,
     ):
-        run(_call_then(lambda: os.kill(proc.pid, signal.SIGKILL), fwd.compute_log_prob(arctic_batch(arctic["cfg"]))))
-    assert _call_then.seconds < DEATH_BOUND_S
+        run(
+            call_then_inject(
+                lambda: os.kill(proc.pid, signal.SIGKILL),
+                fwd.compute_log_prob(arctic_batch(arctic["cfg"])),
+                delay_s=0.5,
+                timer=_fault_timer,
+            )
+        )
+    assert _fault_timer.seconds < DEATH_BOUND_S
     assert proc.wait(timeout=10) == -signal.SIGKILL
 
 
@@ -412,9 +410,16 @@ def test_arctic_server_frozen_mid_call(fault, arctic):
         match=r"'arctic' died during .*2 consecutive health probes failed.*Its logs: .*arctic_server_",
         within_s=DEATH_BOUND_S,
     ):
-        run(_call_then(lambda: os.kill(proc.pid, signal.SIGSTOP), fwd.compute_log_prob(arctic_batch(arctic["cfg"]))))
+        run(
+            call_then_inject(
+                lambda: os.kill(proc.pid, signal.SIGSTOP),
+                fwd.compute_log_prob(arctic_batch(arctic["cfg"])),
+                delay_s=0.5,
+                timer=_fault_timer,
+            )
+        )
     assert (
-        _call_then.seconds < 15
+        _fault_timer.seconds < 15
     )  # by design ~3 s: interval 0.5 s + 2 probes of 1 s + backoff; slack for a loaded CI box
 
 

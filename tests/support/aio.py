@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Coroutine, Optional
+import time
+from typing import Any, Awaitable, Callable, Coroutine, Optional
 
 
 class Hang(AssertionError):
@@ -24,3 +25,26 @@ async def bounded(awaitable: Awaitable[Any], cap_s: float) -> Any:
 def run_async(coro: Coroutine[Any, Any, Any], cap_s: Optional[float] = None) -> Any:
     """``coro``'s result, run on a fresh event loop; with ``cap_s``, :class:`Hang` once it has run that long."""
     return asyncio.run(coro if cap_s is None else bounded(coro, cap_s))
+
+
+class FaultTimer:
+    """Seconds from a fault's injection to the end of the call it hit (:func:`call_then_inject`)."""
+
+    seconds: float = float("nan")
+
+
+async def call_then_inject(
+    inject: Callable[[], None], call: Awaitable[Any], *, delay_s: float, timer: Optional[FaultTimer] = None
+) -> Any:
+    """Start ``call``, inject a fault ``delay_s`` later while it is still in flight (asserted), and
+    return its result (or raise its error); ``timer.seconds`` = injection to end of the call."""
+    task = asyncio.ensure_future(call)
+    await asyncio.sleep(delay_s)
+    assert not task.done(), "the call finished before the fault was injected"
+    inject()
+    started = time.monotonic()
+    try:
+        return await task
+    finally:
+        if timer is not None:
+            timer.seconds = time.monotonic() - started
