@@ -15,8 +15,8 @@
 #    rewards from the first and last step, and writes WORK_DIR/metrics.png (summarize_run.py).
 #
 # Every knob is explained in examples/gsm8k_remote/README.md. Environment overrides:
-#   WORK_DIR (outputs/gsm8k_grpo_local), STEPS (8), BATCH (8 prompts), ROLLOUT_N (4 samples/prompt),
-#   PROMPT_LEN (256), RESPONSE_LEN (64), LR (2e-4), TEMPERATURE (0.7), SEED (0: data order and
+#   WORK_DIR (outputs/gsm8k_grpo_local), STEPS (8), BATCH (4 prompts), ROLLOUT_N (4 samples/prompt),
+#   PROMPT_LEN (256), RESPONSE_LEN (96), LR (5e-5), TEMPERATURE (0.7), SEED (0: data order and
 #   sampling), SAVE_FREQ (2: a checkpoint every 2 steps, so Ctrl-C loses at most 2 steps),
 #   BYPASS (true: old log-probs are the sampler's, no recompute), VALIDATE (true: before and after),
 #   VAL_PROMPTS (32 held-out prompts the validation scores),
@@ -30,11 +30,11 @@ if [ $# -gt 0 ]; then shift; fi
 
 work="${WORK_DIR:-$repo/outputs/gsm8k_grpo_local}"
 steps="${STEPS:-8}"
-batch="${BATCH:-8}"
+batch="${BATCH:-4}"
 rollout_n="${ROLLOUT_N:-4}"
 prompt_len="${PROMPT_LEN:-256}"
-response_len="${RESPONSE_LEN:-64}"
-lr="${LR:-2e-4}"
+response_len="${RESPONSE_LEN:-96}"
+lr="${LR:-5e-5}"
 temperature="${TEMPERATURE:-0.7}"
 seed="${SEED:-0}"
 mkdir -p "$work"
