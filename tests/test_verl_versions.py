@@ -35,7 +35,7 @@ def test_the_installed_release_picks_its_own_glue_module():
 
 def test_every_release_module_answers_the_same_questions():
     names = {module: _public_names(GLUE_DIR / f"{module}.py") for module in SUPPORTED_VERL_VERSIONS.values()}
-    required = {"TRAINER", "TASK_RUNNER_MODULE", "task_runner_class", "run_stock_ppo", "rollout_replicas"}
+    required = {"TASK_RUNNER_MODULE", "task_runner_class", "run_stock_ppo", "rollout_replicas"}
     for module, defined in names.items():
         assert required <= defined, f"{module} lacks {required - defined}"
     # a release may add its own helper classes (v0_9.VerlTaskRunner), never drop a shared name

@@ -73,19 +73,10 @@ def required_settings(config: "DictConfig", name: str, single_forwarder: bool) -
     ``single_forwarder``: the backend owns its parallelism (``requires_single_forwarder``), so
     the forwarder count (``n_gpus_per_node * nnodes``) must be one.
     """
-    rules = []
-    if select(config, "trainer.use_legacy_worker_impl") is not None:  # verl 0.7.1 (0.9.1 has the new path only)
-        rules.append(
-            RequiredSetting(
-                "trainer.use_legacy_worker_impl",
-                "disable",
-                "remote backends plug into verl's new worker path (nested-jagged TensorDict batches) only",
-                refuse_explicit=lambda v: v == "enable",
-            )
-        )
-    rules += [
-        RequiredSetting(key, value, reason, refuse_explicit=lambda v, value=value: v is not None and v != value)
-        for key, value, reason in verl_glue().RELEASE_REQUIRED_SETTINGS
+    # The installed release's own keys first (verl_versions/: 0.7.1's worker path, 0.9.1's trainer).
+    rules = [
+        RequiredSetting(key, value, reason, refuse_explicit=lambda v, refused=refused: v in refused)
+        for key, value, reason, refused in verl_glue().RELEASE_REQUIRED_SETTINGS
         if select(config, key) is not None
     ]
     rules += [

@@ -7,9 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-#: Trainer verl's task runner builds on the remote path (the only trainer 0.7.1 has).
-TRAINER = "RayPPOTrainer (verl.trainer.ppo.ray_trainer)"
-
 #: Module whose global ``RayPPOTrainer`` verl's ``TaskRunner.run`` instantiates.
 TASK_RUNNER_MODULE = "verl.trainer.main_ppo"
 
@@ -34,5 +31,13 @@ def rollout_replicas(trainer: Any) -> list:
     return list(getattr(manager, "rollout_replicas", None) or [])
 
 
-#: Keys of verl's config the remote path sets that exist only in this release (with their value).
-RELEASE_REQUIRED_SETTINGS: tuple = ()
+#: Keys of verl's config the remote path sets that exist only in this release:
+#: ``(key, value, reason, explicit values refused rather than overwritten)``.
+RELEASE_REQUIRED_SETTINGS: tuple = (
+    (
+        "trainer.use_legacy_worker_impl",
+        "disable",
+        "remote backends plug into verl's new worker path (nested-jagged TensorDict batches) only",
+        ("enable",),
+    ),
+)

@@ -15,8 +15,6 @@ from typing import Any
 from verl.trainer.main_ppo_v0 import BaseTaskRunner as _BaseTaskRunner
 from verl.trainer.main_ppo_v0 import TaskRunner as _VerlTaskRunnerActor
 
-TRAINER = "RayPPOTrainer (verl.trainer.ppo.ray_trainer; trainer.use_v1=false)"
-
 TASK_RUNNER_MODULE = "verl.trainer.main_ppo_v0"
 
 
@@ -55,11 +53,13 @@ def rollout_replicas(trainer: Any) -> list:
     return list(manager.get_replicas()) if manager is not None else []
 
 
-#: Keys of verl's config the remote path sets that exist only in this release (with their value).
+#: Keys of verl's config the remote path sets that exist only in this release:
+#: ``(key, value, reason, explicit values refused rather than overwritten)``.
 RELEASE_REQUIRED_SETTINGS: tuple = (
     (
         "trainer.use_v1",
         False,
         "on verl 0.9.1 the remote path runs on verl's RayPPOTrainer (main_ppo_v0); the V1 trainer is not supported yet",
+        (True,),
     ),
 )
