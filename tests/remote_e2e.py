@@ -86,9 +86,6 @@ def build_gsm8k(
     return str(out_dir / "train.parquet"), str(out_dir / "test.parquet")
 
 
-#: The smallest remote-backend run: the switch plus what verl's CPU-only remote path needs (verl's
-#: new worker implementation, CPU, one forwarder, the ``remote`` rollout with one replica), GRPO,
-#: and no resume. Tests that compose configs or run the entry point start from these.
 @dataclass(frozen=True)
 class ReleaseSwitch:
     """The key of verl's config that only one release has and the remote path sets: verl 0.7.1's
@@ -114,6 +111,9 @@ def _release_overrides() -> tuple[str, ...]:
     return (f"{switch.key}={str(switch.remote_value).lower()}",)
 
 
+#: The smallest remote-backend run: the switch plus what verl's CPU-only remote path needs (verl's
+#: new worker implementation, CPU, one forwarder, the ``remote`` rollout with one replica), GRPO,
+#: and no resume. Tests that compose configs or run the entry point start from these.
 REMOTE_BASE_OVERRIDES = (
     "trainer.remote_backend=local",
     *_release_overrides(),
