@@ -18,7 +18,7 @@ import time
 import pytest
 import torch
 from arctic_standin.harness import compose_config, make_batch
-from arctic_standin.ray_setup import start_ray
+from arctic_standin.ray_setup import own_ray_cluster
 from support.aio import run_async
 
 pytestmark = pytest.mark.slow
@@ -32,15 +32,8 @@ def run(coro):
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    import ray
-
-    if ray.is_initialized():  # a cluster left by another module has neither logical GPUs nor the stand-in's hook
-        ray.shutdown()
-    start_ray(logical_gpus=1)
-    try:
+    with own_ray_cluster(logical_gpus=1) as ray:
         yield ray
-    finally:
-        ray.shutdown()
 
 
 def _cfg(model, root, port, protocol, *extra):

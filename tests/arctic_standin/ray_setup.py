@@ -19,11 +19,13 @@ on them: DeepSpeed runs its CPU accelerator, ``DS_ACCELERATOR=cpu``).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import importlib.util
 import os
 import pathlib
 import sys
+from collections.abc import Iterator
 from typing import Any, Optional
 
 _TESTS = str(pathlib.Path(__file__).resolve().parents[1])
@@ -106,6 +108,22 @@ def start_ray(logical_gpus: int = 1, attempts: int = 3) -> None:
             ray.shutdown()
             if "timed out during startup" not in str(exc) or attempt == attempts:
                 raise
+
+
+@contextlib.contextmanager
+def own_ray_cluster(logical_gpus: int = 1) -> Iterator[Any]:
+    """A Ray cluster of the caller's own for Arctic's Ray server (:func:`start_ray`), shut down on
+    exit; a cluster left by another test module is shut down first (it has neither the logical GPUs
+    nor the stand-in's worker hook). Yields the ``ray`` module."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    start_ray(logical_gpus=logical_gpus)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
 
 
 def entry_point_overrides(logical_gpus: int = 1) -> tuple[list[str], dict[str, str]]:

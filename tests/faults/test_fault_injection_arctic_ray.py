@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from arctic_standin.ray_setup import start_ray
+from arctic_standin.ray_setup import own_ray_cluster
 from support.aio import FaultTimer, call_then_inject, run_async
 from support.forwarder import in_process_forwarder
 
@@ -52,15 +52,8 @@ def _gone(pid: int, within_s: float = 20) -> bool:
 @pytest.fixture(scope="module")
 def ray_cluster():
     pytest.importorskip("arctic_platform")
-    import ray
-
-    if ray.is_initialized():  # a cluster left by another module has neither logical GPUs nor the stand-in's hook
-        ray.shutdown()
-    start_ray(logical_gpus=1)
-    try:
+    with own_ray_cluster(logical_gpus=1) as ray:
         yield ray
-    finally:
-        ray.shutdown()
 
 
 @pytest.fixture
