@@ -16,13 +16,13 @@ import asyncio
 import functools
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
 from arctic_standin.ray_setup import own_ray_cluster
 from support.aio import FaultTimer, call_then_inject, run_async
 from support.forwarder import in_process_forwarder
+from support.processes import gone
 
 from verl.remote_backend.errors import BackendDiedError
 
@@ -33,20 +33,6 @@ run = functools.partial(run_async, cap_s=120)
 
 #: when the last injected fault's call ended (call_then_inject)
 _fault_timer = FaultTimer()
-
-
-def _gone(pid: int, within_s: float = 20) -> bool:
-    import psutil
-
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
-            return True
-        time.sleep(0.2)
-    return False
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +79,7 @@ def arctic_ray(ray_cluster, tiny_model_dir, monkeypatch, tmp_path):
         except ProcessLookupError:
             pass
         asyncio.run(owner.destroy())
-        assert _gone(pids["state"]), "Arctic's state actor outlived the test"
+        assert gone(pids["state"], within_s=20), "Arctic's state actor outlived the test"
 
 
 def _batch(cfg):
@@ -137,8 +123,8 @@ def test_arctic_ray_server_state_actor_killed_mid_call(fault, arctic_ray):
             )
         )
     assert _fault_timer.seconds < DEATH_BOUND_S
-    assert _gone(pids["state"])
-    assert all(_gone(pid) for pid in pids["workers"]), "the DeepSpeed workers outlived their state actor"
+    assert gone(pids["state"], within_s=20)
+    assert all(gone(pid, within_s=20) for pid in pids["workers"]), "the DeepSpeed workers outlived their state actor"
 
 
 def test_arctic_ray_server_state_actor_frozen_mid_call(fault, arctic_ray):

@@ -31,6 +31,7 @@ from local_backend_helpers import dense_rollout_batch, engine_info, random_rollo
 from remote_e2e import _tree, build_gsm8k, compose, external_modules_env, small_ci_overrides
 from support.aio import FaultTimer, call_then_inject, run_async
 from support.forwarder import in_process_forwarder
+from support.processes import gone
 
 from faults.backends import CorruptingLocalBackend
 from verl.remote_backend.errors import BackendDiedError, BackendOutputError, ResumeCheckpointError
@@ -46,19 +47,6 @@ _fault_timer = FaultTimer()
 
 
 run = functools.partial(run_async, cap_s=120)  # every op of these tests is bounded: a hang fails fast
-
-
-def gone(pid: int, within_s: float = 15) -> bool:
-    """True once ``pid`` has exited (zombies of our own children count as gone)."""
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
-            return True
-        time.sleep(0.2)
-    return False
 
 
 @pytest.fixture(autouse=True)
