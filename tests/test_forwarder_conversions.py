@@ -10,7 +10,7 @@ from tensordict import TensorDict
 
 from verl.remote_backend.checkpoints import checkpoints_to_prune, parse_global_step
 from verl.remote_backend.forwarder.metrics import aggregation_for, normalise_metrics
-from verl.remote_backend.forwarder.mfu import compute_mfu, resolve_peak_flops
+from verl.remote_backend.forwarder.mfu import compute_mfu, model_tflops, resolve_peak_flops
 from verl.remote_backend.launch.cpu_compat import flash_attn_fallback_installed, install_flash_attn_fallback
 from verl.remote_backend.results import BackendDevice
 from verl.remote_backend.transport.layout import packed_to_nested, sequence_lengths
@@ -145,26 +145,35 @@ def test_peak_flops_prefers_the_backend_value_then_verls_table():
         resolve_peak_flops(BackendDevice("cuda", 1, peak_flops=0.0))
 
 
-class _FixedFlops:
-    """Stands in for verl's FlopsCounter: 6 * 1e9 FLOPs per token (fwd + bwd)."""
+def _small_llama_flops():
+    """verl's FlopsCounter for a small Llama (the forwarder builds one from the model's config)."""
+    from transformers import LlamaConfig
 
-    def estimate_flops(self, seqlens, seconds):
-        return 6 * 1e9 * sum(seqlens) / seconds / 1e12, 0.448
+    from verl.utils.flops_counter import FlopsCounter
+
+    return FlopsCounter(
+        LlamaConfig(vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4)
+    )
 
 
+@pytest.mark.every_verl  # verl 0.9.1's FlopsCounter asks CUDA for a device name on CPU
 def test_mfu_divides_model_flops_by_the_backends_devices_not_the_local_cpu():
     device = BackendDevice("cuda", count=8, peak_flops=1e15)
-    # 1000 tokens in 2 s -> 3e12 FLOP/s achieved; 8 devices * 1e15 peak
-    assert compute_mfu(_FixedFlops(), [400, 600], 2.0, device, forward_only=False) == pytest.approx(3e12 / 8e15)
-    assert compute_mfu(_FixedFlops(), [400, 600], 2.0, device, forward_only=True) == pytest.approx(3e12 / 8e15 / 3)
+    pass_tflops = model_tflops(_small_llama_flops(), [400, 600])
+    assert pass_tflops > 0
+    # the pass's FLOPs over 2 s, against 8 devices * 1e15 peak (never this machine's CPU)
+    expected = pass_tflops * 1e12 / 2.0 / 8e15
+    assert compute_mfu(_small_llama_flops(), [400, 600], 2.0, device, forward_only=False) == pytest.approx(expected)
+    assert compute_mfu(_small_llama_flops(), [400, 600], 2.0, device, forward_only=True) == pytest.approx(expected / 3)
 
 
+@pytest.mark.every_verl  # verl 0.9.1's FlopsCounter asks CUDA for a device name on CPU
 def test_mfu_is_zero_when_undefined():
     device = BackendDevice("cuda", count=1, name="Mystery GPU")
-    assert compute_mfu(_FixedFlops(), [10], 1.0, device, forward_only=False) == 0.0
+    assert compute_mfu(_small_llama_flops(), [10], 1.0, device, forward_only=False) == 0.0
     good = BackendDevice("cuda", count=1, peak_flops=1e15)
-    assert compute_mfu(_FixedFlops(), [], 1.0, good, forward_only=False) == 0.0
-    assert compute_mfu(_FixedFlops(), [10], 0.0, good, forward_only=False) == 0.0
+    assert compute_mfu(_small_llama_flops(), [], 1.0, good, forward_only=False) == 0.0
+    assert compute_mfu(_small_llama_flops(), [10], 0.0, good, forward_only=False) == 0.0
 
 
 def test_global_step_is_parsed_from_verls_checkpoint_path():
