@@ -102,6 +102,14 @@ def _arm_hang(env) -> None:
     ray.get([w.standin_arm_hang.remote("forward_no_grad", 600) for w in env["workers"]])
 
 
+def _signal_state_actor_mid_log_prob(arctic_ray, sig: int):
+    """A forwarded ``compute_log_prob`` with ``sig`` sent to Arctic's state actor 1 s into it
+    (timed by ``_fault_timer``)."""
+    pid, cfg = arctic_ray["pids"]["state"], arctic_ray["cfg"]
+    call = arctic_ray["forwarder"].compute_log_prob(_batch(cfg))
+    return run(call_then_inject(lambda: os.kill(pid, sig), call, delay_s=1.0, timer=_fault_timer))
+
+
 def test_arctic_ray_server_state_actor_killed_mid_call(fault, arctic_ray):
     fwd, pids = arctic_ray["forwarder"], arctic_ray["pids"]
     saved = run(
@@ -114,14 +122,7 @@ def test_arctic_ray_server_state_actor_killed_mid_call(fault, arctic_ray):
         match=r"'arctic' died during compute_log_prob: .*ArcticRLRayServerState actor .*Its logs: .*logs",
         within_s=DEATH_BOUND_S,
     ):
-        run(
-            call_then_inject(
-                lambda: os.kill(pids["state"], signal.SIGKILL),
-                fwd.compute_log_prob(_batch(arctic_ray["cfg"])),
-                delay_s=1.0,
-                timer=_fault_timer,
-            )
-        )
+        _signal_state_actor_mid_log_prob(arctic_ray, signal.SIGKILL)
     assert _fault_timer.seconds < DEATH_BOUND_S
     assert gone(pids["state"], within_s=20)
     assert all(gone(pid, within_s=20) for pid in pids["workers"]), "the DeepSpeed workers outlived their state actor"
@@ -129,19 +130,11 @@ def test_arctic_ray_server_state_actor_killed_mid_call(fault, arctic_ray):
 
 def test_arctic_ray_server_state_actor_frozen_mid_call(fault, arctic_ray):
     """SIGSTOP: the actor stays 'alive' to Ray and nothing answers - only the liveness probes can tell."""
-    fwd, pids = arctic_ray["forwarder"], arctic_ray["pids"]
     _arm_hang(arctic_ray)
     with fault.expect(
         BackendDiedError,
         match=r"'arctic' died during .*2 consecutive health probes failed.*Its logs: .*ArcticRLRayServerState",
         within_s=DEATH_BOUND_S,
     ):
-        run(
-            call_then_inject(
-                lambda: os.kill(pids["state"], signal.SIGSTOP),
-                fwd.compute_log_prob(_batch(arctic_ray["cfg"])),
-                delay_s=1.0,
-                timer=_fault_timer,
-            )
-        )
+        _signal_state_actor_mid_log_prob(arctic_ray, signal.SIGSTOP)
     assert _fault_timer.seconds < 15  # by design ~3 s: interval 0.5 s + 2 probes of 1 s + backoff

@@ -365,6 +365,13 @@ def _arm_hang(port: int, endpoint: str) -> None:
     ).raise_for_status()
 
 
+def _signal_server_mid_log_prob(arctic, sig: int):
+    """A forwarded ``compute_log_prob`` with ``sig`` sent to the stand-in server 0.5 s into it
+    (timed by ``_fault_timer``)."""
+    pid, call = arctic["proc"].pid, arctic["forwarder"].compute_log_prob(arctic_batch(arctic["cfg"]))
+    return run(call_then_inject(lambda: os.kill(pid, sig), call, delay_s=0.5, timer=_fault_timer))
+
+
 def test_arctic_server_killed_mid_call(fault, arctic):
     fwd, proc, port = arctic["forwarder"], arctic["proc"], arctic["port"]
     saved = run(
@@ -377,35 +384,21 @@ def test_arctic_server_killed_mid_call(fault, arctic):
         match=rf"'arctic' died during compute_log_prob: .*127\.0\.0\.1:{port}.*Its logs: .*arctic_server_{port}\.log",
         within_s=DEATH_BOUND_S,
     ):
-        run(
-            call_then_inject(
-                lambda: os.kill(proc.pid, signal.SIGKILL),
-                fwd.compute_log_prob(arctic_batch(arctic["cfg"])),
-                delay_s=0.5,
-                timer=_fault_timer,
-            )
-        )
+        _signal_server_mid_log_prob(arctic, signal.SIGKILL)
     assert _fault_timer.seconds < DEATH_BOUND_S
     assert proc.wait(timeout=10) == -signal.SIGKILL
 
 
 def test_arctic_server_frozen_mid_call(fault, arctic):
     """SIGSTOP: the connection stays open, nothing answers - only the liveness probes can tell."""
-    fwd, proc, port = arctic["forwarder"], arctic["proc"], arctic["port"]
+    port = arctic["port"]
     _arm_hang(port, "/forward")
     with fault.expect(
         BackendDiedError,
         match=r"'arctic' died during .*2 consecutive health probes failed.*Its logs: .*arctic_server_",
         within_s=DEATH_BOUND_S,
     ):
-        run(
-            call_then_inject(
-                lambda: os.kill(proc.pid, signal.SIGSTOP),
-                fwd.compute_log_prob(arctic_batch(arctic["cfg"])),
-                delay_s=0.5,
-                timer=_fault_timer,
-            )
-        )
+        _signal_server_mid_log_prob(arctic, signal.SIGSTOP)
     assert (
         _fault_timer.seconds < 15
     )  # by design ~3 s: interval 0.5 s + 2 probes of 1 s + backoff; slack for a loaded CI box
