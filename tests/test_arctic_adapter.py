@@ -17,7 +17,7 @@ import time
 import pytest
 import requests
 import torch
-from arctic_standin.harness import compose_config, free_port, make_batch, standin_command
+from arctic_standin.harness import FOUR_ROWS, compose_config, free_port, make_batch, standin_command
 from support.aio import run_async as run
 
 from verl.remote_backend import RemoteBackendRegistry
@@ -84,10 +84,7 @@ def env(standin_server, tiny_model_dir, tmp_path_factory):
 def batch(env, seed=0, **kw):
     tok = env["tok"]
     args = dict(
-        prompt_lens=[3, 6, 2, 5],
-        response_lens=[4, 1, 5, 3],
-        prompt_width=6,
-        response_width=5,
+        **FOUR_ROWS,
         vocab=len(tok),
         pad_token_id=tok.pad_token_id,
         seed=seed,

@@ -17,7 +17,7 @@ import time
 
 import pytest
 import torch
-from arctic_standin.harness import compose_config, make_batch
+from arctic_standin.harness import FOUR_ROWS, compose_config, make_batch
 from arctic_standin.ray_setup import own_ray_cluster
 from support.aio import run_async
 
@@ -54,10 +54,7 @@ def _batch(tok, seed=0):
     from verl.utils import tensordict_utils as tu
 
     data = make_batch(
-        prompt_lens=[3, 6, 2, 5],
-        response_lens=[4, 1, 5, 3],
-        prompt_width=6,
-        response_width=5,
+        **FOUR_ROWS,
         vocab=len(tok),
         pad_token_id=tok.pad_token_id,
         seed=seed,

@@ -163,8 +163,9 @@ def _padded(packed, dense, td):
     return out
 
 
-@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
-def test_update_actor_matches_verl_objective(server, tmp_path, mode):
+def _update_backend(server, tmp_path, rows: int, *extra: str):
+    """A ``tinker`` backend for one update of ``rows`` rows (one mini-batch, lr 1e-3, no weight decay),
+    and verl's actor config as the backend receives it."""
     from omegaconf import OmegaConf
 
     from verl.remote_backend.registry import RemoteBackendRegistry
@@ -172,44 +173,54 @@ def test_update_actor_matches_verl_objective(server, tmp_path, mode):
     cfg = backend_config(
         server,
         tmp_path,
-        f"actor_rollout_ref.actor.loss_agg_mode={mode}",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=6",
-        "data.train_batch_size=6",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={rows}",
+        f"data.train_batch_size={rows}",
         "actor_rollout_ref.actor.optim.lr=0.001",
         "actor_rollout_ref.actor.optim.weight_decay=0",
+        *extra,
     )
     actor_cfg = OmegaConf.create(OmegaConf.to_container(cfg.actor_rollout_ref.actor, resolve=True))
-    backend = RemoteBackendRegistry.get("tinker").from_config(cfg)
+    return RemoteBackendRegistry.get("tinker").from_config(cfg), actor_cfg
+
+
+def _response_log_probs(backend, td, dense):
+    """The backend's actor log-probs of ``td``'s responses, in verl's [B, R] layout."""
+    out = run(
+        backend.compute_log_prob(td, ref=False, calculate_entropy=False, rollout_n=1, temperature=1.0, pad_token_id=0)
+    )
+    return _padded(out.log_probs, dense, td)
+
+
+def _update(backend, actor_cfg, dense, *, advantages, old_log_probs):
+    """One ``update_actor`` on ``dense`` with these advantages and old log-probs: one mini-batch of
+    every row, one epoch, no shuffling."""
+    dense_u = dense.clone()
+    dense_u["advantages"], dense_u["old_log_probs"] = advantages, old_log_probs
+    rows = dense.batch_size[0]
+    tdu = to_no_padding(dense_u, mini_batch_size=rows, epochs=1, seed=0, dataloader_kwargs={"shuffle": False})
+    return run(backend.update_actor(tdu, actor_config=actor_cfg, pad_token_id=0, rollout_n=1, temperature=1.0))
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
+def test_update_actor_matches_verl_objective(server, tmp_path, mode):
+    backend, actor_cfg = _update_backend(server, tmp_path, 6, f"actor_rollout_ref.actor.loss_agg_mode={mode}")
     try:
         prompts, responses, dense = batch(6, seed=7)
         td = to_no_padding(dense)
-        lp0 = run(
-            backend.compute_log_prob(
-                td, ref=False, calculate_entropy=False, rollout_n=1, temperature=1.0, pad_token_id=0
-            )
-        )
-        new0 = _padded(lp0.log_probs, dense, td)
+        new0 = _response_log_probs(backend, td, dense)
         mask = dense["response_mask"].float()
         g = torch.Generator().manual_seed(3)
         adv = (torch.randn(6, 1, generator=g) * torch.ones_like(mask)) * mask  # GRPO: one advantage per sequence
         # old log-probs off by up to +-0.4: some ratios leave [0.8, 1.2], so the clip matters
         old = (new0 + (torch.rand(new0.shape, generator=g) - 0.5) * 0.8) * mask
-        dense_u = dense.clone()
-        dense_u["advantages"], dense_u["old_log_probs"] = adv, old
-        tdu = to_no_padding(dense_u, mini_batch_size=6, epochs=1, seed=0, dataloader_kwargs={"shuffle": False})
-        out = run(backend.update_actor(tdu, actor_config=actor_cfg, pad_token_id=0, rollout_n=1, temperature=1.0))
+        out = _update(backend, actor_cfg, dense, advantages=adv, old_log_probs=old)
         want = _verl_objective(actor_cfg, old, new0, adv, mask, mode)
         assert out.loss == pytest.approx(want, rel=1e-4, abs=1e-6), (mode, out.loss, want)
         assert out.metrics["pg_loss"] == [pytest.approx(want, rel=1e-4, abs=1e-6)]
         assert out.metrics["grad_norm"][0] > 0 and math.isfinite(out.metrics["grad_norm"][0])
         assert out.global_token_num == [len(p) + len(r) for p, r in zip(prompts, responses)]
         # gradient direction: the server's step lowers verl's objective on the same batch
-        lp1 = run(
-            backend.compute_log_prob(
-                td, ref=False, calculate_entropy=False, rollout_n=1, temperature=1.0, pad_token_id=0
-            )
-        )
-        after = _verl_objective(actor_cfg, old, _padded(lp1.log_probs, dense, td), adv, mask, mode)
+        after = _verl_objective(actor_cfg, old, _response_log_probs(backend, td, dense), adv, mask, mode)
         assert after < want, (mode, want, after)
     finally:
         asyncio.run(backend.destroy())
@@ -217,42 +228,18 @@ def test_update_actor_matches_verl_objective(server, tmp_path, mode):
 
 def test_negated_advantages_raise_verl_objective(server, tmp_path):
     """The direction check can fail: the same step with the advantages' sign flipped raises it."""
-    from omegaconf import OmegaConf
-
-    from verl.remote_backend.registry import RemoteBackendRegistry
-
-    cfg = backend_config(
-        server,
-        tmp_path,
-        "actor_rollout_ref.actor.optim.lr=0.001",
-        "actor_rollout_ref.actor.optim.weight_decay=0",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "data.train_batch_size=4",
-    )
-    actor_cfg = OmegaConf.create(OmegaConf.to_container(cfg.actor_rollout_ref.actor, resolve=True))
-    backend = RemoteBackendRegistry.get("tinker").from_config(cfg)
+    backend, actor_cfg = _update_backend(server, tmp_path, 4)
     try:
         _, _, dense = batch(4, seed=11)
         td = to_no_padding(dense)
-        lp0 = run(
-            backend.compute_log_prob(
-                td, ref=False, calculate_entropy=False, rollout_n=1, temperature=1.0, pad_token_id=0
-            )
-        )
-        new0 = _padded(lp0.log_probs, dense, td)
+        new0 = _response_log_probs(backend, td, dense)
         mask = dense["response_mask"].float()
         adv = torch.tensor([[1.0], [-1.0], [0.5], [-0.5]]) * mask
-        dense_u = dense.clone()
-        dense_u["advantages"], dense_u["old_log_probs"] = -adv, new0 * mask
-        tdu = to_no_padding(dense_u, mini_batch_size=4, epochs=1, seed=0, dataloader_kwargs={"shuffle": False})
-        run(backend.update_actor(tdu, actor_config=actor_cfg, pad_token_id=0, rollout_n=1, temperature=1.0))
-        lp1 = run(
-            backend.compute_log_prob(
-                td, ref=False, calculate_entropy=False, rollout_n=1, temperature=1.0, pad_token_id=0
-            )
-        )
+        _update(backend, actor_cfg, dense, advantages=-adv, old_log_probs=new0 * mask)
         before = _verl_objective(actor_cfg, new0 * mask, new0, adv, mask, "token-mean")
-        after = _verl_objective(actor_cfg, new0 * mask, _padded(lp1.log_probs, dense, td), adv, mask, "token-mean")
+        after = _verl_objective(
+            actor_cfg, new0 * mask, _response_log_probs(backend, td, dense), adv, mask, "token-mean"
+        )
         assert after > before
     finally:
         asyncio.run(backend.destroy())

@@ -79,6 +79,10 @@ EIGHT_ROWS = dict(
     prompt_lens=[3, 6, 2, 5, 4, 6, 3, 1], response_lens=[4, 1, 5, 3, 5, 2, 5, 4], prompt_width=6, response_width=5
 )
 
+#: 4 rows of mixed prompt and response lengths, widths 6 + 5: the adapter tests' batches, over
+#: HTTP and over Ray alike (``make_batch(**FOUR_ROWS, ...)``).
+FOUR_ROWS = dict(prompt_lens=[3, 6, 2, 5], response_lens=[4, 1, 5, 3], prompt_width=6, response_width=5)
+
 
 def make_batch(
     *,
@@ -124,3 +128,17 @@ def make_batch(
     td = tu.get_tensordict(tensors)
     tu.assign_non_tensor(td, max_seq_len=prompt_width + response_width, max_response_len=response_width)
     return td
+
+
+def mid_call_batch(cfg):
+    """2 rows for ``compute_log_prob`` (no entropy, temperature 1) in the tokenizer of ``cfg``'s model:
+    the batch the fault tests call with while they kill or freeze the server."""
+    from transformers import AutoTokenizer
+
+    from verl.utils import tensordict_utils as tu
+
+    tok = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.path)
+    data = make_batch(prompt_lens=[3, 6], response_lens=[4, 2], prompt_width=6, response_width=4, vocab=len(tok),
+                      pad_token_id=tok.pad_token_id)  # fmt: skip
+    tu.assign_non_tensor(data, calculate_entropy=False, temperature=1.0)
+    return data

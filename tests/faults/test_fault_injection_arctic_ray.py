@@ -19,6 +19,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from arctic_standin.harness import mid_call_batch
 from arctic_standin.ray_setup import own_ray_cluster
 from support.aio import FaultTimer, call_then_inject, run_async
 from support.forwarder import in_process_forwarder
@@ -82,19 +83,6 @@ def arctic_ray(ray_cluster, tiny_model_dir, monkeypatch, tmp_path):
         assert gone(pids["state"], within_s=20), "Arctic's state actor outlived the test"
 
 
-def _batch(cfg):
-    from arctic_standin.harness import make_batch
-    from transformers import AutoTokenizer
-
-    from verl.utils import tensordict_utils as tu
-
-    tok = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.path)
-    data = make_batch(prompt_lens=[3, 6], response_lens=[4, 2], prompt_width=6, response_width=4, vocab=len(tok),
-                      pad_token_id=tok.pad_token_id)  # fmt: skip
-    tu.assign_non_tensor(data, calculate_entropy=False, temperature=1.0)
-    return data
-
-
 def _arm_hang(env) -> None:
     env["forwarder"]  # noqa: B018 - the forwarder exists (and slept the sampler) before the hang is armed
     import ray
@@ -106,7 +94,7 @@ def _signal_state_actor_mid_log_prob(arctic_ray, sig: int):
     """A forwarded ``compute_log_prob`` with ``sig`` sent to Arctic's state actor 1 s into it
     (timed by ``_fault_timer``)."""
     pid, cfg = arctic_ray["pids"]["state"], arctic_ray["cfg"]
-    call = arctic_ray["forwarder"].compute_log_prob(_batch(cfg))
+    call = arctic_ray["forwarder"].compute_log_prob(mid_call_batch(cfg))
     return run(call_then_inject(lambda: os.kill(pid, sig), call, delay_s=1.0, timer=_fault_timer))
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from arctic_standin.harness import mid_call_batch
 from local_backend_helpers import dense_rollout_batch, engine_info, random_rollouts, to_no_padding
 from remote_e2e import _tree, build_gsm8k, compose, external_modules_env, small_ci_overrides
 from support.aio import FaultTimer, call_then_inject, run_async
@@ -342,19 +343,6 @@ def arctic(ray_session, tiny_model_dir, monkeypatch, tmp_path):
         assert gone(proc.pid), "the stand-in server outlived the test"
 
 
-def arctic_batch(cfg):
-    from arctic_standin.harness import make_batch
-    from transformers import AutoTokenizer
-
-    from verl.utils import tensordict_utils as tu
-
-    tok = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.path)
-    data = make_batch(prompt_lens=[3, 6], response_lens=[4, 2], prompt_width=6, response_width=4, vocab=len(tok),
-                      pad_token_id=tok.pad_token_id)  # fmt: skip
-    tu.assign_non_tensor(data, calculate_entropy=False, temperature=1.0)
-    return data
-
-
 def _arm_hang(port: int, endpoint: str) -> None:
     import requests
 
@@ -368,7 +356,7 @@ def _arm_hang(port: int, endpoint: str) -> None:
 def _signal_server_mid_log_prob(arctic, sig: int):
     """A forwarded ``compute_log_prob`` with ``sig`` sent to the stand-in server 0.5 s into it
     (timed by ``_fault_timer``)."""
-    pid, call = arctic["proc"].pid, arctic["forwarder"].compute_log_prob(arctic_batch(arctic["cfg"]))
+    pid, call = arctic["proc"].pid, arctic["forwarder"].compute_log_prob(mid_call_batch(arctic["cfg"]))
     return run(call_then_inject(lambda: os.kill(pid, sig), call, delay_s=0.5, timer=_fault_timer))
 
 
