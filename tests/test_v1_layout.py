@@ -13,10 +13,13 @@ import torch
 from tensordict import TensorDict
 
 from verl.remote_backend.forwarder.v1_layout import is_v1_layout, to_dense_layout
+from verl.remote_backend.launch.cpu_compat import install_flash_attn_fallback
 from verl.utils import tensordict_utils as tu
 from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
 
 pytestmark = pytest.mark.every_verl  # also on verl 0.9.1 (tests/conftest.py)
+
+install_flash_attn_fallback()  # verl's unpadding imports flash_attn otherwise (absent on a CPU machine)
 
 PAD = 7
 PROMPT_LEN, RESPONSE_LEN = 5, 4
