@@ -89,10 +89,13 @@ def test_the_legacy_trainer_still_runs_on_0_9_1_and_samples_the_v1_runs_first_st
     for step in (1, 2):
         metrics = _assert_required_metrics(legacy, step)
         assert "training/off_policy/trajectory_staleness/mean" not in metrics  # a V1 metric
+
     # Same prompts, seeds and initial weights: both trainers sample the same responses and score them
     # alike in step 1 (each sample's seed is its identity, whichever agent loop runs it).
-    as_sets = {trainer: {p: sorted(s) for p, s in _groups(r, 1).items()} for trainer, r in [("v1", v1), ("legacy", legacy)]}
-    assert as_sets["v1"] == as_sets["legacy"]
+    def first_step(result: RunResult) -> dict:
+        return {prompt: sorted(samples) for prompt, samples in _groups(result, 1).items()}
+
+    assert first_step(v1) == first_step(legacy)
     first_v1, first_legacy = v1.step(1), legacy.step(1)
     assert first_v1["critic/score/mean"] == pytest.approx(first_legacy["critic/score/mean"], abs=1e-6)
     for key in ("actor/pg_loss", "actor/grad_norm", "response_length/mean"):

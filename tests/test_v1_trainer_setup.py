@@ -82,14 +82,17 @@ def test_the_asynchronous_v1_modes_are_refused_before_ray_starts(line, mode):
     config = compose(overrides)  # a config that skipped the switch: validation names the key and the fix
     derive_remote_settings(config, explicit=None)
     OmegaConf.update(config, "trainer.v1.trainer_mode", mode)
-    with pytest.raises(ConfigError, match=rf"^trainer.v1.trainer_mode='{mode}': .*Fix: set trainer.v1.trainer_mode=sync"):
+    fix = "Fix: set trainer.v1.trainer_mode=sync"
+    with pytest.raises(ConfigError, match=rf"^trainer.v1.trainer_mode='{mode}': .*{fix}"):
         validate_remote_backend_config(config, scan_files=False)
 
 
 def test_a_missing_transfer_queue_is_named_with_the_install_command(line, monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "transfer_queue" else real(name, *a))
-    with pytest.raises(ConfigError, match=r"^trainer.use_v1=True: .*TransferQueue.*pip install 'TransferQueue==0\.1\.11'"):
+    absent = {"transfer_queue"}
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in absent else real(name, *a))
+    install = r"pip install 'TransferQueue==0\.1\.11'"
+    with pytest.raises(ConfigError, match=rf"^trainer.use_v1=True: .*TransferQueue.*{install}"):
         validate_remote_backend_config(_derived(line), scan_files=False)
     validate_remote_backend_config(_derived([*line, LEGACY_TRAINER_ON_091]), scan_files=False)  # no TQ needed
 

@@ -45,9 +45,7 @@ def _row_lengths(nested: torch.Tensor) -> torch.Tensor:
     return nested.offsets().diff().to(torch.int64)
 
 
-def to_dense_layout(
-    data: TensorDict, *, prompt_length: int, response_length: int, pad_token_id: int
-) -> TensorDict:
+def to_dense_layout(data: TensorDict, *, prompt_length: int, response_length: int, pad_token_id: int) -> TensorDict:
     """The legacy (dense) layout of a V1 batch, as the legacy trainer would have sent the same samples.
 
     Args:
