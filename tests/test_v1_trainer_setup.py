@@ -121,19 +121,21 @@ def _seeds_sent(worker_cls, monkeypatch, calls: list[tuple[dict, dict]]) -> list
 
 def test_the_n_sessions_of_a_v1_group_get_distinct_seeds_the_legacy_loop_gives_too(monkeypatch):
     from verl.workers.rollout.remote_rollout.seeding import SeededAgentLoopWorker
-    from verl.workers.rollout.remote_rollout.seeding_tq import SeededAgentLoopWorkerTQ
+    from verl.workers.rollout.remote_rollout.seeding_tq import seeded_worker_class
 
     n = 4
     shared = {"step": 3, "sample_index": 11, "rollout_n": 0, "validate": False}  # V1: one record per group
-    v1 = _seeds_sent(SeededAgentLoopWorkerTQ, monkeypatch, [(shared, {"session_id": i}) for i in range(n)])
+    v1 = _seeds_sent(seeded_worker_class(), monkeypatch, [(shared, {"session_id": i}) for i in range(n)])
     legacy = _seeds_sent(SeededAgentLoopWorker, monkeypatch, [({**shared, "rollout_n": i}, {}) for i in range(n)])
     assert len(set(v1)) == n
     assert v1 == legacy
 
 
 def test_the_tq_manager_starts_seeded_workers():
-    from verl.workers.rollout.remote_rollout.seeding_tq import SeededAgentLoopManagerTQ, SeededAgentLoopWorkerTQ
+    from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
+    from verl.workers.rollout.remote_rollout.seeding_tq import SeededAgentLoopManagerTQ
 
     config = OmegaConf.create({"actor_rollout_ref": {"rollout": {}, "model": {}}})
-    manager = SeededAgentLoopManagerTQ(config, llm_client=None)
-    assert manager.agent_loop_workers_class.__ray_actor_class__ is SeededAgentLoopWorkerTQ
+    worker_cls = SeededAgentLoopManagerTQ(config, llm_client=None).agent_loop_workers_class.__ray_actor_class__
+    assert issubclass(worker_cls, AgentLoopWorkerTQ.__ray_actor_class__)
+    assert "_run_agent_loop" in vars(worker_cls)  # the seeding; that Ray can start it: test_e2e_grpo_v1
