@@ -3,7 +3,8 @@
 # verl-remote-backend into it with the extras given as $1 (default: "test"; "base" = what the
 # main job needs: the package and its [examples] extra, without arctic-platform and deepspeed),
 # on verl $VRB_VERL (default 0.7.1; the other supported release is 0.9.1, for which "test" means
-# the [test-core] extra: the Arctic client and the Tinker SDK are tested on 0.7.1 only).
+# the [test-core] extra: the Arctic client and the Tinker SDK are tested on 0.7.1 only; 0.9.1 also
+# gets TransferQueue, which its V1 trainer needs).
 #
 # The environment lives outside the checkout, keyed by a hash of pyproject.toml's dependencies,
 # so a repeat run with unchanged dependencies only reinstalls our own files
@@ -24,19 +25,27 @@ proj = p["project"]
 print(json.dumps([p["build-system"], proj.get("requires-python"), proj.get("dependencies"),
                   proj.get("optional-dependencies")], sort_keys=True))' "$repo/pyproject.toml")"
 verl_version="${VRB_VERL:-0.7.1}"
+# release_pins: what one release needs on top of pyproject.toml's dependencies (kept out of them so
+# that the other release's environment, and its cache key, do not change). verl 0.9.1's V1 trainer
+# (its default, the remote path's there) keeps its batches in TransferQueue: verl's `verl-core`
+# extra asks for TransferQueue>=0.1.10, which needs tensordict>=0.10.0 (verl caps it at 0.10.0).
 case "$verl_version" in
-    0.7.1) release="" ;;
-    0.9.1) release="-verl091" ;;
+    0.7.1) release=""; release_pins="" ;;
+    0.9.1) release="-verl091"; release_pins="TransferQueue==0.1.11 tensordict==0.10.0" ;;
     *) echo "error: VRB_VERL=$verl_version: the supported verl releases are 0.7.1 and 0.9.1" >&2; exit 1 ;;
 esac
-key="$(echo "$deps" | sha256sum | cut -c1-12)-${extras//[^a-z,]/}$release"
+# A release's pins join its key only when it has some: 0.7.1's key is the dependencies' hash alone.
+hashed="$deps"
+if [ -n "$release_pins" ]; then hashed="$deps $release_pins"; fi
+key="$(echo "$hashed" | sha256sum | cut -c1-12)-${extras//[^a-z,]/}$release"
 venv="${VRB_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/verl-remote-backend/venv-$key}"
 
 spec="$repo[$extras]"
 if [ "$extras" = "base" ]; then spec="$repo[examples]"; fi
 if [ "$extras" = "test" ] && [ -n "$release" ]; then spec="$repo[test-core]"; fi
 # Dependencies first (cached with the venv), then our own files below.
-build_cached_venv "$venv" setup "~4 min, ~6 GB" "$spec" "verl==$verl_version"
+# shellcheck disable=SC2086 # release_pins is a list of requirement specifiers
+build_cached_venv "$venv" setup "~4 min, ~6 GB" "$spec" "verl==$verl_version" $release_pins
 if [ "$extras" = "test" ] && [ -z "$release" ]; then
     # Snowflake's verl plugin (arctic_platform.integrations.verl, tests/test_arctic_plugin_e2e.py)
     # checks that arctic-platform's [verl] extra is installed, which includes arctic-inference:

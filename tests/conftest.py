@@ -9,6 +9,7 @@ from typing import Callable, Optional
 
 import pytest
 from remote_e2e import (
+    LEGACY_TRAINER_ON_091,
     TESTS_DIR,
     RunResult,
     build_gsm8k,
@@ -140,12 +141,15 @@ SEEDED_RUNS = {
     "tail": SeededRunSpec(steps=4, backend="local-resume-probe", save_freq=1, resume_mode="auto", ckpt_of="head"),
     # ``head`` with verl's bypass mode (old log-probs = the sampler's): test_bypass_mode_e2e compares the two
     "bypass": SeededRunSpec(steps=2, save_freq=1, extra=("algorithm.rollout_correction.bypass_mode=true",)),
+    # ``head`` on verl 0.9.1's legacy trainer: test_e2e_grpo_v1 compares it with ``head`` on the V1 default
+    "legacy091": SeededRunSpec(steps=2, backend="local-resume-probe", save_freq=1, extra=(LEGACY_TRAINER_ON_091,)),
 }
 
 
-def seeded_overrides(assets: dict[str, str], ckpt: Path, spec: SeededRunSpec) -> list[str]:
+def seeded_overrides(assets: dict[str, str], ckpt: Path, spec: SeededRunSpec, rollouts: Path) -> list[str]:
     """The small-CI overrides of a seeded run: ``data.seed=7``, a visible learning rate and a reward
-    that varies within each GRPO group (tests/toy_reward.py), so every step really trains."""
+    that varies within each GRPO group (tests/toy_reward.py), so every step really trains; verl
+    writes each step's samples to ``rollouts/<step>.jsonl`` (``trainer.rollout_data_dir``)."""
     base = small_ci_overrides(
         model=assets["model"],
         train=assets["train"],
@@ -161,6 +165,7 @@ def seeded_overrides(assets: dict[str, str], ckpt: Path, spec: SeededRunSpec) ->
         "actor_rollout_ref.actor.optim.lr=1e-3",
         f"reward.custom_reward_function.path={TESTS_DIR / 'toy_reward.py'}",
         "reward.custom_reward_function.name=digit_share",
+        f"trainer.rollout_data_dir={rollouts}",
         *spec.extra,
     ]
 
@@ -181,7 +186,8 @@ def seeded_local_run(tmp_path_factory, gsm8k_assets) -> Callable[[str], SharedRu
                 run(spec.ckpt_of)
             ckpt = root / (spec.ckpt_of or name) / "ckpt"
             env = probe_env if spec.backend == "local-resume-probe" else None
-            result = run_entry(seeded_overrides(gsm8k_assets, ckpt, spec), workdir=root / name, env_extra=env)
+            overrides = seeded_overrides(gsm8k_assets, ckpt, spec, rollouts=root / name / "rollouts")
+            result = run_entry(overrides, workdir=root / name, env_extra=env)
             runs[name] = SharedRun.finished(result, ckpt)
         return runs[name]
 

@@ -88,13 +88,17 @@ def build_gsm8k(
 
 @dataclass(frozen=True)
 class ReleaseSwitch:
-    """The key of verl's config that only one release has and the remote path sets: verl 0.7.1's
-    worker-path switch, verl 0.9.1's trainer switch. ``refused``: an explicit value it refuses."""
+    """The key of verl's config that only one release has and the remote path requires: verl 0.7.1's
+    worker-path switch, verl 0.9.1's V1 trainer mode. ``refused``: an explicit value it refuses.
+    ``derived``: ``(key, verl's value, remote value)`` of the keys only this release derives on
+    verl's GRPO line (0.9.1: the V1 trainer's mode is already ``sync``; TransferQueue's storage
+    units shrink to one)."""
 
     key: str
     verl_default: Any
     remote_value: Any
     refused: str
+    derived: frozenset = frozenset()
 
 
 def release_switch() -> ReleaseSwitch:
@@ -102,8 +106,14 @@ def release_switch() -> ReleaseSwitch:
     from verl.remote_backend.verl_versions import installed_verl_version
 
     if installed_verl_version() == "0.7.1":
-        return ReleaseSwitch("trainer.use_legacy_worker_impl", "auto", "disable", "enable")
-    return ReleaseSwitch("trainer.use_v1", True, False, "true")
+        key = "trainer.use_legacy_worker_impl"
+        return ReleaseSwitch(key, "auto", "disable", "enable", frozenset({(key, "auto", "disable")}))
+    storage_units = ("transfer_queue.backend.SimpleStorage.num_data_storage_units", 8, 1)
+    return ReleaseSwitch("trainer.v1.trainer_mode", "sync", "sync", "colocate_async", frozenset({storage_units}))
+
+
+#: Runs verl 0.9.1's legacy trainer (``main_ppo_v0``'s ``RayPPOTrainer``) instead of its V1 default.
+LEGACY_TRAINER_ON_091 = "trainer.use_v1=false"
 
 
 def _release_overrides() -> tuple[str, ...]:

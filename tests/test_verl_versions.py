@@ -35,10 +35,19 @@ def test_the_installed_release_picks_its_own_glue_module():
 
 def test_every_release_module_answers_the_same_questions():
     names = {module: _public_names(GLUE_DIR / f"{module}.py") for module in SUPPORTED_VERL_VERSIONS.values()}
-    required = {"TASK_RUNNER_MODULE", "task_runner_class", "run_stock_ppo", "rollout_replicas"}
+    required = {
+        "TASK_RUNNER_MODULE",
+        "task_runner_class",
+        "run_stock_ppo",
+        "rollout_replicas",
+        "uses_v1_trainer",
+        "transfer_queue_cpus",
+        "release_defaults",
+        "check_release_settings",
+    }
     for module, defined in names.items():
         assert required <= defined, f"{module} lacks {required - defined}"
-    # a release may add its own helper classes (v0_9.VerlTaskRunner), never drop a shared name
+    # a release may add its own helpers (v0_9.VerlTaskRunner, VerlTaskRunnerV1), never drop a shared name
     assert all(required | {"RELEASE_REQUIRED_SETTINGS"} <= defined for defined in names.values())
 
 

@@ -57,16 +57,30 @@ def _ensure_ray_cpus(config: Any) -> None:
 
 
 def _seed_each_sample(config: Any) -> None:
-    """Give every rollout sample its own random stream (see ``remote_rollout/seeding.py``), unless the
-    user set an agent-loop manager of their own."""
+    """Give every rollout sample its own random stream (see ``remote_rollout/seeding.py``; on verl
+    0.9.1's V1 trainer ``seeding_tq.py``), unless the user set an agent-loop manager of their own."""
     from omegaconf import open_dict
 
-    from verl.workers.rollout.remote_rollout.seeding import MANAGER_FQN
+    from verl.remote_backend.verl_versions import verl_glue
+    from verl.workers.rollout.remote_rollout.seeding import MANAGER_FQN, MANAGER_TQ_FQN
 
     agent = config.actor_rollout_ref.rollout.agent
     if agent.get("agent_loop_manager_class") is None:
         with open_dict(agent):
-            agent.agent_loop_manager_class = MANAGER_FQN
+            agent.agent_loop_manager_class = MANAGER_TQ_FQN if verl_glue().uses_v1_trainer(config) else MANAGER_FQN
+
+
+def _remote_task_runner(config: Any) -> type:
+    """The task runner of the trainer ``config`` selects: verl 0.9.1's V1 trainer, or the legacy one."""
+    from verl.remote_backend.verl_versions import verl_glue
+
+    if verl_glue().uses_v1_trainer(config):
+        from verl.remote_backend.task_runner_v1 import RemoteBackendTaskRunnerV1
+
+        return RemoteBackendTaskRunnerV1
+    from verl.remote_backend.task_runner import RemoteBackendTaskRunner
+
+    return RemoteBackendTaskRunner
 
 
 def run(config: Any, explicit_keys: Optional[Collection[str]] = None) -> None:
@@ -77,9 +91,10 @@ def run(config: Any, explicit_keys: Optional[Collection[str]] = None) -> None:
     the keys with one valid value on the remote path and print them in one line, validate on the
     driver before Ray starts (a moved credential cannot reach an existing cluster), fill a null
     ``ray_init.num_cpus``, seed every rollout sample from its identity, start the reaper, and run
-    verl's ``run_ppo`` with
-    :class:`~verl.remote_backend.task_runner.RemoteBackendTaskRunner`. Ctrl-C tears the backend
-    down, prints how to resume and exits with 130.
+    verl's ``run_ppo`` with the remote path's task runner: on verl 0.9.1's V1 trainer (its default,
+    ``trainer.use_v1=true``) :class:`~verl.remote_backend.task_runner_v1.RemoteBackendTaskRunnerV1`,
+    otherwise :class:`~verl.remote_backend.task_runner.RemoteBackendTaskRunner`. Ctrl-C tears the
+    backend down, prints how to resume and exits with 130.
 
     ``explicit_keys``: the keys the user set (Hydra overrides); with a remote backend, keys with
     one valid value are derived (``launch/derive.py``) unless set explicitly to a value that
@@ -105,8 +120,6 @@ def run(config: Any, explicit_keys: Optional[Collection[str]] = None) -> None:
         verl_glue().run_stock_ppo(config)
         return
 
-    from verl.remote_backend.task_runner import RemoteBackendTaskRunner
-
     check_secrets_reach_workers(config, moved_secrets)
     _ensure_ray_cpus(config)
     _seed_each_sample(config)
@@ -117,7 +130,7 @@ def run(config: Any, explicit_keys: Optional[Collection[str]] = None) -> None:
         f"replicas={plan.num_replicas} resume_from={plan.resume_from}"
     )
     start_reaper()  # a killed driver leaves no process of the run behind
-    launcher = RunnerLauncher(ray.remote(num_cpus=1)(RemoteBackendTaskRunner))
+    launcher = RunnerLauncher(ray.remote(num_cpus=1)(_remote_task_runner(config)))
     try:
         run_ppo(config, task_runner_class=launcher)
     except KeyboardInterrupt:

@@ -1,26 +1,26 @@
-"""verl's ``TaskRunner`` with the remote-backend trainer, forwarders and CPU pools.
+"""verl's legacy ``TaskRunner`` with the remote-backend trainer, forwarders and CPU pools.
 
 verl's ``TaskRunner.run`` (the Ray actor that builds datasets, tokenizer and trainer) creates
 ``RayPPOTrainer`` by its module-global name and offers no hook for another class. Rather than
 copy ``run``, this subclass overrides the ``add_*``/``init_*`` hooks it does offer and points
 that global at :class:`RemoteBackendTrainer` while ``run`` lasts; the runner is a Ray actor
 process of its own, so nothing else sees the substitution. Which module holds that runner
-differs between verl releases (``verl_versions``).
+differs between verl releases (``verl_versions``); verl 0.9.1's V1 trainer has its own runner
+(:mod:`~verl.remote_backend.task_runner_v1`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from typing import Any
 
 import ray
 
-from verl.remote_backend.errors import RunInterruptedError
 from verl.remote_backend.launch.cpu_compat import install_flash_attn_fallback
-from verl.remote_backend.launch.interrupts import sigint_raises_keyboard_interrupt
-from verl.remote_backend.trainer import CPUResourcePoolManager, RemoteBackendTrainer, forwarder_role
+from verl.remote_backend.launch.interrupts import InterruptibleRunner
+from verl.remote_backend.pools import CPUResourcePoolManager, forwarder_role
+from verl.remote_backend.trainer import RemoteBackendTrainer
 from verl.remote_backend.verl_versions import verl_glue
 
 _glue = verl_glue()
@@ -42,7 +42,7 @@ def substitute_trainer_class(trainer_cls: type) -> Iterator[None]:
         runner_module.RayPPOTrainer = original
 
 
-class RemoteBackendTaskRunner(_glue.task_runner_class()):
+class RemoteBackendTaskRunner(InterruptibleRunner, _glue.task_runner_class()):
     """Runs verl's ``TaskRunner.run`` with remote-backend pieces in place of verl's workers."""
 
     def add_actor_rollout_worker(self, config: Any):
@@ -62,15 +62,8 @@ class RemoteBackendTaskRunner(_glue.task_runner_class()):
         """verl's pool spec, served by CPU-only placement groups."""
         return CPUResourcePoolManager.from_manager(super().init_resource_pool_mgr(config))
 
-    def process_identity(self) -> tuple[int, str]:
-        """``(pid, Ray node id)`` of this runner, for the driver's Ctrl-C forwarding."""
-        return os.getpid(), ray.get_runtime_context().get_node_id()
-
     def run(self, config: Any) -> None:
         """verl's ``TaskRunner.run``; a SIGINT ends it with :class:`RunInterruptedError` after teardown."""
         install_flash_attn_fallback()
-        try:
-            with sigint_raises_keyboard_interrupt(), substitute_trainer_class(RemoteBackendTrainer):
-                super().run(config)
-        except KeyboardInterrupt:  # before or after fit(): whatever was built has been torn down
-            raise RunInterruptedError(step=None) from None
+        with substitute_trainer_class(RemoteBackendTrainer):
+            self.run_interruptibly(lambda: super(RemoteBackendTaskRunner, self).run(config))

@@ -22,12 +22,20 @@ class StepTiming:
     #: metric names, without verl's ``actor/`` prefix
     CALL_S = "remote/call_s"
     COMPUTE_S = "remote/compute_s"
+    INFER_MFU = "remote/infer_mfu"
 
     def __init__(self) -> None:
         self.calls = 0
         self.call_s = 0.0
         self.compute_s = 0.0
         self.compute_known = True
+        self.infer_mfu: list[float] = []
+
+    def record_infer_mfu(self, mfu: float) -> None:
+        """Keep the MFU of an old-log-prob call for the update's metrics: verl 0.9.1's V1 trainer
+        drops the metrics a log-prob call returns (its legacy trainer logs them as
+        ``perf/mfu/actor_infer``)."""
+        self.infer_mfu.append(float(mfu))
 
     def record(self, seconds: float, compute_s: Optional[float]) -> None:
         """Add one call: its wall ``seconds`` and the backend's reported compute (``None``: unknown)."""
@@ -41,12 +49,14 @@ class StepTiming:
 
     def pop_metrics(self) -> dict[str, float]:
         """``{"remote/call_s", "remote/compute_s"}`` of the calls since the last pop (compute only
-        when every call reported it), then reset."""
+        when every call reported it), ``"remote/infer_mfu"`` when recorded, then reset."""
         out: dict[str, float] = {}
         if self.calls:
             out[self.CALL_S] = self.call_s
             if self.compute_known:
                 out[self.COMPUTE_S] = self.compute_s
+        if self.infer_mfu:
+            out[self.INFER_MFU] = sum(self.infer_mfu) / len(self.infer_mfu)
         self.__init__()
         return out
 
@@ -70,10 +80,15 @@ def remote_overhead_metrics(
     * ``perf/remote/overhead_frac`` = overhead / wall.
 
     Without a backend-reported compute time only ``wall_s`` and ``forwarder_s`` are returned.
+    The old-log-prob MFU the forwarder kept for verl's V1 trainer (:meth:`StepTiming.record_infer_mfu`)
+    comes back as ``perf/mfu/actor_infer``, the name verl's legacy trainer logs it under.
     """
     call = actor_metrics.pop(prefix + StepTiming.CALL_S, None)
     compute = actor_metrics.pop(prefix + StepTiming.COMPUTE_S, None)
+    infer_mfu = actor_metrics.pop(prefix + StepTiming.INFER_MFU, None)
     out = {"perf/remote/wall_s": float(wall_s)}
+    if infer_mfu is not None:
+        out["perf/mfu/actor_infer"] = metric_scalar(infer_mfu)
     if call is not None:
         out["perf/remote/forwarder_s"] = metric_scalar(call)
     if compute is not None and wall_s > 0:

@@ -1,10 +1,12 @@
 """The CPU forwarder: a verl ``Worker`` standing in for the actor/ref workers.
 
-verl's trainer (``use_legacy_worker_impl=disable``) drives it through ``compute_log_prob``,
-``compute_ref_log_prob``, ``update_actor``, ``update_weights`` and ``save/load_checkpoint``;
-each awaits the shared :class:`RemoteBackend` under the guard and turns its typed result into
-what the trainer reads back (nested tensors, verl ``Metric`` objects, MFU against the
-backend's devices). It never creates an engine: ``attach_backend`` re-attaches by handle.
+verl's trainer (``use_legacy_worker_impl=disable``, or verl 0.9.1's V1 trainer) drives it through
+``compute_log_prob``, ``compute_ref_log_prob``, ``update_actor``, ``update_weights`` and
+``save/load_checkpoint``; each awaits the shared :class:`RemoteBackend` under the guard and turns
+its typed result into what the trainer reads back (nested tensors, verl ``Metric`` objects, MFU
+against the backend's devices). A V1 batch (read from TransferQueue by verl's ``tqbridge``, all
+fields jagged) reaches the backend in the dense layout of the legacy trainer (``v1_layout.py``).
+It never creates an engine: ``attach_backend`` re-attaches by handle.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from verl.remote_backend.forwarder.metrics import normalise_metrics
 from verl.remote_backend.forwarder.mfu import compute_mfu
 from verl.remote_backend.forwarder.output_checks import check_log_prob_output, check_update_output
 from verl.remote_backend.forwarder.step_timing import StepTiming
+from verl.remote_backend.forwarder.v1_layout import is_v1_layout, to_dense_layout
 from verl.remote_backend.launch.cpu_compat import install_flash_attn_fallback
 from verl.remote_backend.registry import RemoteBackendRegistry
 from verl.remote_backend.reliability.guard import BackendGuard
@@ -160,6 +163,8 @@ class RemoteBackendWorker(Worker):
 
     async def _forward(self, data: TensorDict | BatchRef, *, ref: bool) -> TensorDict | WireBatch:
         backend = self._require_backend()
+        from_v1 = is_v1_layout(data)
+        data = self._backend_layout(data)
         calculate_entropy = bool(batch_field(data, "calculate_entropy", False))
         input_ids = _layout(data)
         op = "compute_ref_log_prob" if ref else "compute_log_prob"
@@ -186,6 +191,8 @@ class RemoteBackendWorker(Worker):
         seqlens = sequence_lengths(input_ids).tolist()
         # A plain float: the trainer logs metrics["mfu"] of log-prob calls without reducing it.
         metrics = {"mfu": self._mfu(result.device, seqlens, seconds, forward_only=True)}
+        if from_v1 and not ref:  # verl's V1 trainer drops these metrics: the update's carry the MFU
+            self._step_timing.record_infer_mfu(metrics["mfu"])
         output = tu.get_tensordict(tensor_dict=outputs, non_tensor_dict={"metrics": metrics})
         # Called through the worker group (a BatchRef came in), the output goes back to the driver
         # over Ray: its per-token tensors travel as numpy buffers and arrive as this TensorDict.
@@ -202,6 +209,7 @@ class RemoteBackendWorker(Worker):
         (:class:`~verl.remote_backend.forwarder.step_timing.StepTiming`).
         """
         backend = self._require_backend()
+        data = self._backend_layout(data)
         # MFU counts each token once per epoch: the epochs of the schedule the backend runs
         epochs = read_update_schedule(data, actor_config=self.config.actor, rollout_n=int(self.config.rollout.n)).epochs
         seqlens_default = sequence_lengths(_layout(data)).tolist()
@@ -315,6 +323,19 @@ class RemoteBackendWorker(Worker):
         if self._guard is None:
             raise RuntimeError("RemoteBackendWorker has no backend attached (see attach_backend)")
         return await self._guard.call(op, factory)
+
+    def _backend_layout(self, data: TensorDict | BatchRef) -> TensorDict | BatchRef:
+        """A batch of verl 0.9.1's V1 trainer in the dense layout backends read
+        (:mod:`~verl.remote_backend.forwarder.v1_layout`); any other batch as it is."""
+        if not is_v1_layout(data):
+            return data
+        rollout = self.config.rollout
+        return to_dense_layout(
+            data,
+            prompt_length=int(rollout.prompt_length),
+            response_length=int(rollout.response_length),
+            pad_token_id=self._pad_token_id,
+        )
 
     def _temperature(self, data: TensorDict | BatchRef) -> float:
         value = batch_field(data, "temperature", None)

@@ -20,6 +20,7 @@ from verl.remote_backend.errors import ConfigError
 from verl.remote_backend.launch.rules import required_settings
 from verl.remote_backend.launch.validation import backend_class_or_none, backend_name
 from verl.remote_backend.settings.loader import select
+from verl.remote_backend.verl_versions import verl_glue
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -48,7 +49,8 @@ def explicit_override_keys(overrides: Collection[str]) -> frozenset[str]:
 
 
 def derive_remote_settings(config: "DictConfig", explicit: Optional[Collection[str]] = None) -> list[DerivedSetting]:
-    """Set, in place, every key whose value a remote-backend run requires; return what changed.
+    """Set, in place, every key whose value a remote-backend run requires, and the installed
+    release's defaults for a remote run (``release_defaults``) the user did not set; return what changed.
 
     ``explicit``: keys the user set on the command line (``None``: unknown, treated as defaults).
     Nothing happens when ``trainer.remote_backend`` is null.
@@ -77,12 +79,22 @@ def derive_remote_settings(config: "DictConfig", explicit: Optional[Collection[s
                 f"{rule.key}={current!r} was set explicitly, but with trainer.remote_backend={name} {rule.reason}. "
                 f"Fix: drop {rule.key} from the command line (it is set to {rule.value!r} for you)"
             )
-        parent, _, leaf = rule.key.rpartition(".")
-        node = OmegaConf.select(config, parent) if parent else config
-        with open_dict(node):
-            node[leaf] = rule.value
+        _set(config, rule.key, rule.value)
         changes.append(DerivedSetting(rule.key, current, rule.value, rule.reason))
+    # The installed release's defaults for a remote run: any value works, the user's is kept.
+    for key, value, reason in verl_glue().release_defaults(config):
+        current = select(config, key)
+        if key not in explicit and current != value:
+            _set(config, key, value)
+            changes.append(DerivedSetting(key, current, value, reason))
     return changes
+
+
+def _set(config: "DictConfig", key: str, value: Any) -> None:
+    parent, _, leaf = key.rpartition(".")
+    node = OmegaConf.select(config, parent) if parent else config
+    with open_dict(node):
+        node[leaf] = value
 
 
 def describe(name: str, changes: list[DerivedSetting]) -> str:

@@ -16,12 +16,13 @@ import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from verl.remote_backend.errors import RunInterruptedError
 
 __all__ = [
     "EXIT_CODE_INTERRUPTED",
+    "InterruptibleRunner",
     "RunnerLauncher",
     "interrupt_report",
     "raise_if_interrupted",
@@ -128,6 +129,26 @@ class RunnerLauncher:
                 if isinstance(candidate, RunInterruptedError):
                     return candidate
         return None
+
+
+class InterruptibleRunner:
+    """The task-runner side of :class:`RunnerLauncher`, mixed into the remote path's runners."""
+
+    def process_identity(self) -> tuple[int, str]:
+        """``(pid, Ray node id)`` of this runner, for the driver's Ctrl-C forwarding."""
+        import ray
+
+        return os.getpid(), ray.get_runtime_context().get_node_id()
+
+    @staticmethod
+    def run_interruptibly(run: Callable[[], None]) -> None:
+        """``run()``, which a SIGINT ends with :class:`RunInterruptedError` after teardown (the
+        trainer's own ``fit`` reports the step it reached; before or after it, ``step`` is None)."""
+        try:
+            with sigint_raises_keyboard_interrupt():
+                run()
+        except KeyboardInterrupt:  # before or after fit(): whatever was built has been torn down
+            raise RunInterruptedError(step=None) from None
 
 
 class _RecordedRun:

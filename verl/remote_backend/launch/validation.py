@@ -26,6 +26,7 @@ from verl.remote_backend.registry import RemoteBackendRegistry
 from verl.remote_backend.reliability.policy import ReliabilitySettings
 from verl.remote_backend.settings.loader import select
 from verl.remote_backend.settings.verl_config import local_model_dir
+from verl.remote_backend.verl_versions import verl_glue
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -83,6 +84,7 @@ def validate_remote_backend_config(
     backend_cls = RemoteBackendRegistry.get(name)
     check_no_stray_backend_keys(config, name, backend_cls)
     check_required_settings(config, name, requires_single_forwarder(backend_cls))
+    verl_glue().check_release_settings(config)
     check_forwarder_count(config)
     check_batch_sizes(config)
     check_no_critic(config)
@@ -128,8 +130,9 @@ def backend_class_or_none(name: Optional[str]) -> Optional[type[RemoteBackend]]:
 
 
 def required_ray_cpus(config: "DictConfig") -> int:
-    """Logical Ray CPUs the runner and the forwarder pool reserve (a backend's own actors come on top)."""
-    return _RUNNER_CPUS + FORWARDER_CPUS * _num_forwarders(config)
+    """Logical Ray CPUs the runner, the forwarder pool and (verl 0.9.1's V1 trainer) TransferQueue's
+    actors reserve (a backend's own actors come on top)."""
+    return _RUNNER_CPUS + FORWARDER_CPUS * _num_forwarders(config) + verl_glue().transfer_queue_cpus(config)
 
 
 def _num_forwarders(config: "DictConfig") -> int:
@@ -261,8 +264,9 @@ def check_ray_cpus(config: "DictConfig") -> None:
         raise _fail(
             "ray_kwargs.ray_init.num_cpus",
             ray_cpus,
-            f"the task runner and {_num_forwarders(config)} forwarder(s) reserve {needed} logical Ray CPUs "
-            "(plus what the backend's own actors ask for); placement groups would wait forever",
+            f"the task runner, {_num_forwarders(config)} forwarder(s) and TransferQueue's actors (verl 0.9.1's "
+            f"V1 trainer) reserve {needed} logical Ray CPUs (plus what the backend's own actors ask for); "
+            "placement groups would wait forever",
             f"set ray_kwargs.ray_init.num_cpus to at least {needed + 1} "
             "(logical CPUs may exceed physical cores) or leave it null",
         )

@@ -25,10 +25,29 @@ def run_stock_ppo(config: Any) -> None:
     run_ppo(config)
 
 
+def uses_v1_trainer(config: Any) -> bool:
+    """Whether ``config`` runs on a V1 trainer: never (0.7.1 has none)."""
+    return False
+
+
 def rollout_replicas(trainer: Any) -> list:
     """The rollout replicas ``RayPPOTrainer.init_workers`` built (empty before it ran)."""
     manager = getattr(trainer, "async_rollout_manager", None)
     return list(getattr(manager, "rollout_replicas", None) or [])
+
+
+def transfer_queue_cpus(config: Any) -> int:
+    """Logical Ray CPUs TransferQueue's actors reserve: none (0.7.1's trainer does not use it)."""
+    return 0
+
+
+def release_defaults(config: Any) -> tuple:
+    """Keys the remote path sets unless the user set them: ``(key, value, reason)``; none here."""
+    return ()
+
+
+def check_release_settings(config: Any) -> None:
+    """What this release's trainer needs beyond :data:`RELEASE_REQUIRED_SETTINGS`: nothing."""
 
 
 #: Keys of verl's config the remote path sets that exist only in this release:

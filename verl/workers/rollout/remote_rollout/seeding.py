@@ -15,9 +15,19 @@ import ray
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopManager, AgentLoopWorker
 
-__all__ = ["run_seed", "sample_seed", "SeededAgentLoopWorker", "SeededAgentLoopManager", "MANAGER_FQN"]
+__all__ = [
+    "run_seed",
+    "sample_seed",
+    "with_sample_seed",
+    "SeededAgentLoopWorker",
+    "SeededAgentLoopManager",
+    "MANAGER_FQN",
+    "MANAGER_TQ_FQN",
+]
 
 MANAGER_FQN = f"{__name__}.SeededAgentLoopManager"
+#: The same for verl 0.9.1's V1 trainer (its agent loop writes to TransferQueue; ``seeding_tq.py``).
+MANAGER_TQ_FQN = f"{__name__}_tq.SeededAgentLoopManagerTQ"
 
 
 def run_seed(config: Any) -> int:
@@ -36,20 +46,28 @@ def sample_seed(seed: int, step: Any, sample_index: Any, rollout_n: Any, validat
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") >> 1
 
 
-class SeededAgentLoopWorker(AgentLoopWorker):
-    """verl's agent-loop worker, adding each sample's own ``seed`` to its sampling parameters.
+def with_sample_seed(
+    config: Any, sampling_params: dict[str, Any], trajectory: dict[str, Any], rollout_index: Any
+) -> dict[str, Any]:
+    """``sampling_params`` plus the sample's own ``seed``: :func:`sample_seed` of the run seed and the
+    sample's identity (``trajectory``'s training step, dataset index and validation flag, and its
+    ``rollout_index`` within the prompt's group). A ``seed`` already there is kept (same dict)."""
+    if sampling_params.get("seed") is not None:
+        return sampling_params
+    seed = sample_seed(
+        run_seed(config), trajectory["step"], trajectory["sample_index"], rollout_index,
+        trajectory.get("validate", False),
+    )  # fmt: skip
+    return {**sampling_params, "seed": seed}
 
-    The seed is :func:`sample_seed` of the run seed and the sample's identity (training step,
-    dataset index, rollout index within the prompt's group, validation or not); a ``seed``
-    already in the sampling parameters is kept."""
+
+class SeededAgentLoopWorker(AgentLoopWorker):
+    """verl's agent-loop worker, adding each sample's own ``seed`` to its sampling parameters
+    (:func:`with_sample_seed`; the rollout index is the trajectory's ``rollout_n``: verl's agent loop
+    repeats each prompt ``rollout.n`` times and numbers the copies)."""
 
     async def _run_agent_loop(self, sampling_params: dict[str, Any], trajectory: dict[str, Any], **kwargs: Any) -> Any:
-        if sampling_params.get("seed") is None:
-            seed = sample_seed(
-                run_seed(self.config), trajectory["step"], trajectory["sample_index"], trajectory["rollout_n"],
-                trajectory.get("validate", False),
-            )  # fmt: skip
-            sampling_params = {**sampling_params, "seed": seed}
+        sampling_params = with_sample_seed(self.config, sampling_params, trajectory, trajectory["rollout_n"])
         return await super()._run_agent_loop(sampling_params, trajectory, **kwargs)
 
 

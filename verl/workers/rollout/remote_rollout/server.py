@@ -58,6 +58,7 @@ class RemoteRolloutServer:
             None if rollout.get("max_model_len") is None else int(rollout.max_model_len)
         )
         self._replica_rank = replica_rank
+        self._global_steps: Optional[int] = None  # the weight version, once the trainer sets one
         self._asleep = False
         self._lifecycle_lock = asyncio.Lock()
 
@@ -91,16 +92,23 @@ class RemoteRolloutServer:
             max_model_len=self._max_model_len,
         )
         want_logprobs = bool(sampling_params.get("logprobs", False))
+        # verl 0.9.1's V1 trainer tags every trajectory with the weight version that sampled it
+        stamp = {} if self._global_steps is None else {"extra_fields": {"global_steps": self._global_steps}}
         if max_tokens == 0:
-            return TokenOutput(token_ids=[], log_probs=[] if want_logprobs else None, stop_reason="completed")
+            return TokenOutput(token_ids=[], log_probs=[] if want_logprobs else None, stop_reason="completed", **stamp)
         params = backend_sampling_params(sampling_params, max_tokens)
         prompt = list(prompt_ids)
         result = await self._guard.call("generate", lambda: self._backend.generate(prompt, params))
-        return TokenOutput(
-            **check_generate_result(
-                result, max_tokens=max_tokens, want_logprobs=want_logprobs, vocab_size=self._vocab_size
-            )
+        checked = check_generate_result(
+            result, max_tokens=max_tokens, want_logprobs=want_logprobs, vocab_size=self._vocab_size
         )
+        return TokenOutput(**checked, **stamp)
+
+    async def set_global_steps(self, global_steps: int) -> None:
+        """Record the weight version the backend samples with (the trainer's step of its last
+        ``update_weights``); every later ``TokenOutput`` carries it as ``extra_fields["global_steps"]``,
+        as verl's own rollout servers do for the V1 trainer's staleness metrics."""
+        self._global_steps = int(global_steps)
 
     # ------------------------------------------------------------ lifecycle
     async def wake_up(self) -> None:
