@@ -84,8 +84,8 @@ def test_null_backend_runs_verls_run_ppo_with_verls_task_runner_and_trainer(monk
 def test_a_named_backend_runs_verls_run_ppo_with_our_task_runner(monkeypatch, tiny_model_dir):
     import verl.trainer.main_ppo as verl_main_ppo
     from verl.remote_backend.main_ppo import run
-    from verl.remote_backend.task_runner import RemoteBackendTaskRunner, substitute_trainer_class
     from verl.remote_backend.trainer import RemoteBackendTrainer
+    from verl.remote_backend.trainers.ray_ppo_runner import RemoteBackendTaskRunner, substitute_trainer_class
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
     calls = []

@@ -40,7 +40,7 @@ def _derived(overrides: list[str]):
 
 def test_the_v1_trainer_is_the_default_with_one_transfer_queue_storage_unit(line):
     from verl.remote_backend.main_ppo import _remote_task_runner, _seed_each_sample
-    from verl.remote_backend.task_runner_v1 import RemoteBackendTaskRunnerV1
+    from verl.remote_backend.trainers.v1_runner import RemoteBackendTaskRunnerV1
     from verl.workers.rollout.remote_rollout.seeding import MANAGER_TQ_FQN
 
     config = _derived(line)
@@ -63,7 +63,7 @@ def test_the_users_storage_units_are_kept_and_counted(line):
 
 def test_use_v1_false_keeps_the_legacy_trainer_on_0_9_1(line):
     from verl.remote_backend.main_ppo import _remote_task_runner, _seed_each_sample
-    from verl.remote_backend.task_runner import RemoteBackendTaskRunner
+    from verl.remote_backend.trainers.ray_ppo_runner import RemoteBackendTaskRunner
     from verl.workers.rollout.remote_rollout.seeding import MANAGER_FQN
 
     config = _derived([*line, LEGACY_TRAINER_ON_091])

@@ -75,10 +75,10 @@ def _remote_task_runner(config: Any) -> type:
     from verl.remote_backend.verl_versions import verl_glue
 
     if verl_glue().uses_v1_trainer(config):
-        from verl.remote_backend.task_runner_v1 import RemoteBackendTaskRunnerV1
+        from verl.remote_backend.trainers.v1_runner import RemoteBackendTaskRunnerV1
 
         return RemoteBackendTaskRunnerV1
-    from verl.remote_backend.task_runner import RemoteBackendTaskRunner
+    from verl.remote_backend.trainers.ray_ppo_runner import RemoteBackendTaskRunner
 
     return RemoteBackendTaskRunner
 
@@ -92,8 +92,8 @@ def run(config: Any, explicit_keys: Optional[Collection[str]] = None) -> None:
     driver before Ray starts (a moved credential cannot reach an existing cluster), fill a null
     ``ray_init.num_cpus``, seed every rollout sample from its identity, start the reaper, and run
     verl's ``run_ppo`` with the remote path's task runner: on verl 0.9.1's V1 trainer (its default,
-    ``trainer.use_v1=true``) :class:`~verl.remote_backend.task_runner_v1.RemoteBackendTaskRunnerV1`,
-    otherwise :class:`~verl.remote_backend.task_runner.RemoteBackendTaskRunner`. Ctrl-C tears the
+    ``trainer.use_v1=true``) :class:`~verl.remote_backend.trainers.v1_runner.RemoteBackendTaskRunnerV1`,
+    otherwise :class:`~verl.remote_backend.trainers.ray_ppo_runner.RemoteBackendTaskRunner`. Ctrl-C tears the
     backend down, prints how to resume and exits with 130.
 
     ``explicit_keys``: the keys the user set (Hydra overrides); with a remote backend, keys with

@@ -3,9 +3,9 @@
 0.9.1 defaults to its V1 trainer (``trainer.use_v1=true``: ``main_ppo.TaskRunnerV1``, batches in
 TransferQueue with every per-sample field jagged, the trainer class chosen by
 ``trainer.v1.trainer_mode``). The remote path runs there by default, in its synchronous mode
-(``task_runner_v1.py``, ``trainer_v1.py``); the asynchronous modes are refused before Ray starts.
+(``trainers/v1_runner.py``, ``trainers/v1.py``); the asynchronous modes are refused before Ray starts.
 With ``trainer.use_v1=false`` it runs on the ``RayPPOTrainer`` of ``main_ppo_v0``, the trainer
-0.7.1 has (``task_runner.py``, ``trainer.py``).
+0.7.1 has (``trainers/ray_ppo_runner.py``, ``trainers/ray_ppo.py``).
 
 verl decorates both task runners with ``ray.remote`` (an actor class cannot be subclassed), so
 :class:`VerlTaskRunner` and :class:`VerlTaskRunnerV1` rebuild the plain classes; ``run_ppo`` needs

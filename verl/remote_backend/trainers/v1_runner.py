@@ -3,7 +3,7 @@
 ``TaskRunnerV1.run`` builds the trainer registered under ``trainer.v1.trainer_mode`` (looked up
 in verl's ``TRAINER_REGISTRY`` when ``run`` starts) and brackets the run with TransferQueue's
 ``init``/``close``. Rather than copy ``run``, the runner registers
-:class:`~verl.remote_backend.trainer_v1.RemoteBackendTrainerV1` as the ``sync`` trainer while
+:class:`~verl.remote_backend.trainers.v1.RemoteBackendTrainerV1` as the ``sync`` trainer while
 ``run`` lasts; the runner is a Ray actor process of its own, so nothing else sees the
 substitution, and verl's behaviour keyed on the mode's name (its replay buffer, dataloader
 refills, checkpoint contents) stays that of ``sync``. Importing this module needs verl 0.9.1.
@@ -40,11 +40,11 @@ def substitute_sync_trainer(trainer_cls: type) -> Iterator[None]:
 
 
 class RemoteBackendTaskRunnerV1(InterruptibleRunner, verl_glue().VerlTaskRunnerV1):
-    """Runs verl's ``TaskRunnerV1.run`` with :class:`~verl.remote_backend.trainer_v1.RemoteBackendTrainerV1`."""
+    """Runs verl's ``TaskRunnerV1.run`` with :class:`~verl.remote_backend.trainers.v1.RemoteBackendTrainerV1`."""
 
     def run(self, config: Any) -> None:
         """verl's ``TaskRunnerV1.run``; a SIGINT ends it with :class:`RunInterruptedError` after teardown."""
-        from verl.remote_backend.trainer_v1 import RemoteBackendTrainerV1
+        from verl.remote_backend.trainers.v1 import RemoteBackendTrainerV1
 
         install_flash_attn_fallback()
         with substitute_sync_trainer(RemoteBackendTrainerV1):

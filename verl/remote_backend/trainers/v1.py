@@ -24,8 +24,8 @@ from typing import Any
 
 import ray
 
-from verl.remote_backend.pools import ACTOR_ROLES, CPUResourcePoolManager
-from verl.remote_backend.remote_trainer import RemoteBackendTrainerMixin
+from verl.remote_backend.trainers.pools import ACTOR_ROLES, CPUResourcePoolManager
+from verl.remote_backend.trainers.shared import RemoteBackendTrainerMixin
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
 __all__ = ["RemoteBackendTrainerV1"]
@@ -35,7 +35,7 @@ class RemoteBackendTrainerV1(RemoteBackendTrainerMixin, PPOTrainerSync):
     """PPO/GRPO on verl 0.9.1's synchronous V1 trainer, with actor, reference and sampler in a
     ``RemoteBackend``. Takes ``PPOTrainerSync``'s argument (the whole config); verl's
     ``TaskRunnerV1`` builds it when it stands registered as the ``sync`` trainer
-    (:func:`~verl.remote_backend.task_runner_v1.substitute_sync_trainer`).
+    (:func:`~verl.remote_backend.trainers.v1_runner.substitute_sync_trainer`).
 
     Attributes:
         plan: the validated :class:`~verl.remote_backend.launch.validation.RemoteRunPlan`.

@@ -2,7 +2,7 @@
 
 The remote path runs on two verl trainers: ``RayPPOTrainer`` (verl 0.7.1, and 0.9.1 with
 ``trainer.use_v1=false``; :mod:`~verl.remote_backend.trainer`) and verl 0.9.1's V1
-``PPOTrainerSync`` (:mod:`~verl.remote_backend.trainer_v1`). They build workers, replicas and
+``PPOTrainerSync`` (:mod:`~verl.remote_backend.trainers.v1`). They build workers, replicas and
 steps differently, but the backend lives the same way in both: a validated config; one backend
 created on the driver (bounded by ``remote_backend.timeouts.create``) whose handle the forwarders
 and rollout servers re-attach to; the forwarded calls timed for ``perf/remote/*``; saves that

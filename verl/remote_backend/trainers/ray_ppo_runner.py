@@ -6,7 +6,7 @@ copy ``run``, this subclass overrides the ``add_*``/``init_*`` hooks it does off
 that global at :class:`RemoteBackendTrainer` while ``run`` lasts; the runner is a Ray actor
 process of its own, so nothing else sees the substitution. Which module holds that runner
 differs between verl releases (``verl_versions``); verl 0.9.1's V1 trainer has its own runner
-(:mod:`~verl.remote_backend.task_runner_v1`).
+(:mod:`~verl.remote_backend.trainers.v1_runner`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import ray
 
 from verl.remote_backend.launch.cpu_compat import install_flash_attn_fallback
 from verl.remote_backend.launch.interrupts import InterruptibleRunner
-from verl.remote_backend.pools import CPUResourcePoolManager, forwarder_role
 from verl.remote_backend.trainer import RemoteBackendTrainer
+from verl.remote_backend.trainers.pools import CPUResourcePoolManager, forwarder_role
 from verl.remote_backend.verl_versions import verl_glue
 
 _glue = verl_glue()
