@@ -87,14 +87,33 @@ def test_the_asynchronous_v1_modes_are_refused_before_ray_starts(line, mode):
         validate_remote_backend_config(config, scan_files=False)
 
 
-def test_a_missing_transfer_queue_is_named_with_the_install_command(line, monkeypatch):
+def _without_transfer_queue(monkeypatch) -> None:
     real = importlib.util.find_spec
-    absent = {"transfer_queue"}
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in absent else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "transfer_queue" else real(name, *a)
+    )
+
+
+def test_without_transfer_queue_a_run_goes_to_the_legacy_trainer_and_says_why(line, monkeypatch):
+    from verl.remote_backend.main_ppo import _remote_task_runner
+    from verl.remote_backend.trainers.ray_ppo_runner import RemoteBackendTaskRunner
+
+    _without_transfer_queue(monkeypatch)
+    config = compose(line)
+    changes = derive_remote_settings(config, explicit_override_keys(line))
+    (fallback,) = [c for c in changes if c.key == "trainer.use_v1"]
+    assert (fallback.before, fallback.after) == (True, False)
+    assert "TransferQueue, which is not installed" in fallback.reason and "verl[verl-core]" in fallback.reason
+    assert STORAGE_UNITS not in {c.key for c in changes}  # no TransferQueue actors on the legacy trainer
+    validate_remote_backend_config(config, scan_files=False)
+    assert _remote_task_runner(config) is RemoteBackendTaskRunner
+
+
+def test_an_explicit_v1_trainer_without_transfer_queue_is_refused_with_the_install_command(line, monkeypatch):
+    _without_transfer_queue(monkeypatch)
     install = r"pip install 'TransferQueue==0\.1\.11'"
     with pytest.raises(ConfigError, match=rf"^trainer.use_v1=True: .*TransferQueue.*{install}"):
-        validate_remote_backend_config(_derived(line), scan_files=False)
-    validate_remote_backend_config(_derived([*line, LEGACY_TRAINER_ON_091]), scan_files=False)  # no TQ needed
+        validate_remote_backend_config(_derived([*line, "trainer.use_v1=true"]), scan_files=False)
 
 
 # ---------------------------------------------------------------- seeds of a GRPO group

@@ -92,10 +92,27 @@ def transfer_queue_cpus(config: Any) -> int:
     return 1 + (int(select(config, STORAGE_UNITS_KEY, 8)) if storage == "SimpleStorage" else 0)
 
 
+def _transfer_queue_installed() -> bool:
+    return importlib.util.find_spec("transfer_queue") is not None
+
+
 def release_defaults(config: Any) -> tuple:
-    """Keys the remote path sets unless the user set them: ``(key, value, reason)``."""
+    """Keys the remote path sets unless the user set them: ``(key, value, reason)``.
+
+    Without TransferQueue (a plain ``pip install verl==0.9.1`` has none) the V1 trainer cannot run,
+    so a run that did not ask for it explicitly goes to the legacy trainer, saying why; an explicit
+    ``trainer.use_v1=true`` is refused by :func:`check_release_settings` instead."""
     if not uses_v1_trainer(config):
         return ()
+    if not _transfer_queue_installed():
+        return (
+            (
+                "trainer.use_v1",
+                False,
+                "verl 0.9.1's V1 trainer needs TransferQueue, which is not installed, so the legacy trainer runs "
+                "(pip install 'verl[verl-core]==0.9.1' for the V1 trainer)",
+            ),
+        )
     return (
         (
             STORAGE_UNITS_KEY,
@@ -111,7 +128,7 @@ def check_release_settings(config: Any) -> None:
     Raises:
         ConfigError: the V1 trainer is selected but TransferQueue is not installed.
     """
-    if uses_v1_trainer(config) and importlib.util.find_spec("transfer_queue") is None:
+    if uses_v1_trainer(config) and not _transfer_queue_installed():
         raise ConfigError.for_setting(
             "trainer.use_v1",
             True,
