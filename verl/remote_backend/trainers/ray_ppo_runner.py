@@ -19,8 +19,8 @@ import ray
 
 from verl.remote_backend.launch.cpu_compat import install_flash_attn_fallback
 from verl.remote_backend.launch.interrupts import InterruptibleRunner
-from verl.remote_backend.trainer import RemoteBackendTrainer
 from verl.remote_backend.trainers.pools import CPUResourcePoolManager, forwarder_role
+from verl.remote_backend.trainers.ray_ppo import RemoteBackendTrainer
 from verl.remote_backend.verl_versions import verl_glue
 
 _glue = verl_glue()
