@@ -3,12 +3,36 @@
 # Extra arguments go to pytest (e.g. -m "not slow" for the fast suite only, or
 # tests/test_registry.py to run one file). VRB_VERL=0.9.1 runs on verl 0.9.1 in its own
 # environment, where only the tests marked every_verl run (tests/conftest.py skips the rest).
+#
+# The whole suite runs in parallel pytest-xdist workers: VRB_TEST_WORKERS of them (default: one per
+# core, at most one per 8 GiB of memory and at most 4; 1 = one process, no xdist). Each module, or
+# the modules sharing one trainer run, stays on one worker (tests/conftest.py). Named files run in
+# one process unless VRB_TEST_WORKERS is set.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$(bash "$repo/scripts/setup_env.sh" test)"
 cd "$repo"
+
+default_workers() {
+    local cores mem_gib
+    cores="$(nproc)"
+    mem_gib="$(awk '/^MemTotal:/ {print int($2 / 1048576)}' /proc/meminfo)"
+    local n=$(( cores < mem_gib / 8 ? cores : mem_gib / 8 ))
+    n=$(( n > 4 ? 4 : n ))
+    echo $(( n < 1 ? 1 : n ))
+}
+
 # Run the whole suite unless the arguments name test files or folders themselves.
+targets=(tests)
 for arg in "$@"; do
-    if [ -e "${arg%%::*}" ]; then exec "$venv/bin/python" -m pytest "$@"; fi
+    if [ -e "${arg%%::*}" ]; then targets=(); fi
 done
-exec "$venv/bin/python" -m pytest tests "$@"
+workers="${VRB_TEST_WORKERS:-}"
+if [ -z "$workers" ]; then
+    if [ ${#targets[@]} -gt 0 ]; then workers="$(default_workers)"; else workers=1; fi
+fi
+parallel=()
+if [ "$workers" -gt 1 ]; then
+    parallel=(-n "$workers" --dist loadgroup --no-loadscope-reorder)
+fi
+exec "$venv/bin/python" -m pytest "${targets[@]}" "${parallel[@]}" "$@"

@@ -11,13 +11,16 @@ import pytest
 from remote_e2e import (
     LEGACY_TRAINER_ON_091,
     TESTS_DIR,
+    THIRTY_STEPS,
     RunResult,
     build_gsm8k,
     external_modules_env,
     run_entry,
     small_ci_overrides,
+    soak_overrides,
     verl_grpo_gsm8k_line,
 )
+from support.fault_ledger import LEDGER as FAULT_LEDGER
 
 from verl.remote_backend.reliability.server_process import ServerProcess
 
@@ -195,6 +198,36 @@ def seeded_local_run(tmp_path_factory, gsm8k_assets) -> Callable[[str], SharedRu
 
 
 @dataclass(frozen=True)
+class SampledRun:
+    """A finished entry-point run and the per-process samples taken while it ran (``StepSampler``)."""
+
+    result: RunResult
+    sampler: object
+
+
+@pytest.fixture(scope="session")
+def thirty_step_run(tmp_path_factory, gsm8k_assets) -> SampledRun:
+    """One 30-step GRPO run through the entry point (local backend, tiny model, a reward the model can
+    learn and that varies within groups), its processes sampled every 2 steps. Two modules assert on
+    it: test_learning_toy_task (the reward rises) and test_soak_e2e (no process keeps growing); one
+    run serves both, as it costs about a minute of both cores. Return code: the tests' to check."""
+    from verl.remote_backend.testing.soak import StepSampler
+
+    root = tmp_path_factory.mktemp("thirty_steps")
+    sampler = StepSampler(2)
+    overrides = soak_overrides(
+        model=gsm8k_assets["model"],
+        train=gsm8k_assets["train"],
+        test=gsm8k_assets["test"],
+        ckpt_dir=root / "ckpt",
+        steps=THIRTY_STEPS,
+        rollout_n=4,
+        lr=5e-3,
+    )
+    return SampledRun(run_entry(overrides, workdir=root / "run", timeout_s=1400, monitor=sampler), sampler)
+
+
+@dataclass(frozen=True)
 class ArcticStandIn:
     """A running Arctic RL stand-in server (tests/arctic_standin): its port, base URL and process."""
 
@@ -237,6 +270,7 @@ def standin_server(tmp_path_factory) -> ArcticStandIn:
 _TIERS = ("unit", "integration", "e2e")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     """Every test gets exactly one tier marker (``-m unit`` / ``integration`` / ``e2e``): tests
     marked ``slow`` are the e2e tier; otherwise a test's own tier marker, else the module's
@@ -255,6 +289,68 @@ def pytest_collection_modifyitems(config, items):
             raise pytest.UsageError(f"{item.nodeid}: marked {explicit} but its tier is {tier!r} (one tier per test)")
         if tier not in explicit:
             item.add_marker(tier)
+    if getattr(config.option, "loadgroup", False):  # a pytest-xdist worker under --dist loadgroup
+        _group_for_workers(items)
+
+
+# ---------------------------------------------------------------- parallel workers (pytest-xdist)
+#: Session fixtures that run one trainer per session for several modules to assert on: under
+#: pytest-xdist every module that uses one runs on the same worker, so the run happens once.
+SHARED_RUN_FIXTURES = ("verl_grpo_line_run", "seeded_local_run", "thirty_step_run")
+
+#: Rough cost of one test by tier, in seconds on the 2-core box (the suite's durations): only
+#: used to start the most expensive groups first, so no worker is left with a long one at the end.
+_TIER_SECONDS = {"unit": 0.5, "integration": 5.0, "e2e": 30.0}
+
+
+def _group_for_workers(items: list) -> None:
+    """Give every test an ``xdist_group`` (``scripts/run_tests.sh`` runs ``--dist loadgroup``) and
+    order the groups by their estimated cost, most expensive first (``--no-loadscope-reorder``
+    keeps this order; tests keep their order within a group).
+
+    A group is a module, so module-scoped fixtures (a server, a Ray cluster) start once; or, for
+    the modules that share one of :data:`SHARED_RUN_FIXTURES`, that fixture's name."""
+
+    def module_of(item) -> str:
+        return item.nodeid.split("::", 1)[0]
+
+    module_group: dict[str, str] = {}
+    for item in items:
+        shared = next((name for name in SHARED_RUN_FIXTURES if name in item.fixturenames), None)
+        if shared or module_of(item) not in module_group:
+            module_group[module_of(item)] = shared or module_group.get(module_of(item)) or module_of(item)
+    cost: dict[str, float] = {}
+    first: dict[str, int] = {}
+    for position, item in enumerate(items):
+        group = module_group[module_of(item)]
+        item.add_marker(pytest.mark.xdist_group(group))
+        tier = next(t for t in _TIERS if item.get_closest_marker(t))
+        cost[group] = cost.get(group, 0.0) + _TIER_SECONDS[tier]
+        first.setdefault(group, position)
+    items.sort(key=lambda item: (-cost[module_group[module_of(item)]], first[module_group[module_of(item)]]))
+
+
+def pytest_sessionfinish(session) -> None:
+    """On a pytest-xdist worker: hand this worker's fault ledger to the controller."""
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["fault_ledger"] = FAULT_LEDGER.as_dict()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """On the pytest-xdist controller: add up the workers' fault ledgers."""
+    ledger = getattr(node, "workeroutput", {}).get("fault_ledger")
+    if ledger:
+        FAULT_LEDGER.add(ledger)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    """The fault-injection summary (tests/faults): every injected fault and how it ended."""
+    if FAULT_LEDGER.injected:
+        terminalreporter.write_sep("=", "fault-injection summary")
+        for name, verdict, seconds in FAULT_LEDGER.cases:
+            terminalreporter.write_line(f"  {verdict:<24} {seconds:6.2f}s  {name}")
+        terminalreporter.write_line(FAULT_LEDGER.line())
 
 
 def pytest_ignore_collect(collection_path, config):

@@ -191,6 +191,11 @@ def small_ci_overrides(
     ]
 
 
+#: Steps of the suite's 30-step run (conftest ``thirty_step_run``: 4 prompts x 4 samples of 16 tokens,
+#: lr 5e-3, the digit-share reward), which test_learning_toy_task and test_soak_e2e assert on.
+THIRTY_STEPS = 30
+
+
 def soak_overrides(
     *,
     model: str,
@@ -201,6 +206,7 @@ def soak_overrides(
     batch_size: int = 4,
     rollout_n: int = 2,
     response_len: int = 16,
+    lr: float = 1e-4,
 ) -> list[str]:
     """:func:`small_ci_overrides` for a long run (the soak benchmark and its CI version): ``steps``
     steps end it, not the data (verl loops over the prompts for as many epochs as it takes), no
@@ -218,7 +224,7 @@ def soak_overrides(
     )
     return base + [
         "trainer.total_epochs=100000",
-        "actor_rollout_ref.actor.optim.lr=1e-4",
+        f"actor_rollout_ref.actor.optim.lr={lr}",
         f"reward.custom_reward_function.path={TESTS_DIR / 'toy_reward.py'}",
         "reward.custom_reward_function.name=digit_share",
     ]

@@ -16,32 +16,19 @@ was measured.
 from __future__ import annotations
 
 import pytest
-from remote_e2e import TESTS_DIR, run_entry, small_ci_overrides
+from remote_e2e import THIRTY_STEPS as STEPS
 
 pytestmark = pytest.mark.slow
 
-STEPS = 30
 WINDOW = 5
 MIN_GAIN = 0.25
 
 
 @pytest.mark.timeout(1500)
-def test_mean_reward_rises_clearly_on_a_toy_task(gsm8k_assets, tmp_path):
-    overrides = small_ci_overrides(
-        model=gsm8k_assets["model"],
-        train=gsm8k_assets["train"],
-        test=gsm8k_assets["test"],
-        ckpt_dir=tmp_path / "ckpt",
-        steps=STEPS,
-        batch_size=4,
-        rollout_n=4,
-        response_len=16,
-    ) + [
-        "actor_rollout_ref.actor.optim.lr=5e-3",
-        f"reward.custom_reward_function.path={TESTS_DIR / 'toy_reward.py'}",
-        "reward.custom_reward_function.name=digit_share",
-    ]
-    result = run_entry(overrides, workdir=tmp_path / "run", timeout_s=1400)
+def test_mean_reward_rises_clearly_on_a_toy_task(thirty_step_run):
+    """On the session's 30-step run (conftest ``thirty_step_run``: the settings above through the
+    real entry point; test_soak_e2e samples its processes)."""
+    result = thirty_step_run.result
     assert result.returncode == 0, result.tail()
     scores = [result.step(s)["critic/score/mean"] for s in range(1, STEPS + 1)]
     first = sum(scores[:WINDOW]) / WINDOW

@@ -9,14 +9,11 @@ The long run is ``python -m benchmarks.bench_soak`` (results in benchmarks/READM
 from __future__ import annotations
 
 import pytest
-from remote_e2e import run_entry, soak_overrides
 
-from verl.remote_backend.testing.soak import OBJECT_STORE, StepSampler, format_report
+from verl.remote_backend.testing.soak import OBJECT_STORE, format_report
 
 TEST_TIER = "e2e"
 
-STEPS = 30
-EVERY = 2
 WARMUP = 10
 #: Most a process's RSS may rise over its first sample after the warm-up, in MiB. Measured in three
 #: runs: the engine 22.8, 23.1 and under 60 MiB (its allocator still settling; +34 MiB between steps
@@ -35,24 +32,15 @@ def _halves(values):
 
 
 @pytest.mark.slow
-def test_no_process_of_a_30_step_grpo_run_keeps_growing_after_warmup(tmp_path, small_gsm8k_assets):
-    """Contract: over steps 11-30 of a GRPO run (local backend, CPU, tiny model, a reward that
-    varies so every update changes the weights), every process of the run - driver, task runner,
+@pytest.mark.timeout(1500)
+def test_no_process_of_a_30_step_grpo_run_keeps_growing_after_warmup(thirty_step_run):
+    """Contract: over steps 11-30 of a GRPO run (conftest ``thirty_step_run``: local backend, CPU,
+    tiny model, a reward that varies so every update changes the weights; test_learning_toy_task
+    checks that it learns), every process of the run - driver, task runner,
     forwarder, engine, rollout server, agent-loop and reward workers, Ray's daemons - stays within
     ``RSS_RISE_MB`` of its RSS at step 12, and its open fds and threads set no new high in the
     second half of those steps (beyond ``COUNT_SLACK``): what grows per step would do so here."""
-    sampler = StepSampler(EVERY)
-    result = run_entry(
-        soak_overrides(
-            model=small_gsm8k_assets["model"],
-            train=small_gsm8k_assets["train"],
-            test=small_gsm8k_assets["test"],
-            ckpt_dir=tmp_path / "ckpt",
-            steps=STEPS,
-        ),
-        workdir=tmp_path / "run",
-        monitor=sampler,
-    )
+    result, sampler = thirty_step_run.result, thirty_step_run.sampler
     assert result.returncode == 0, result.tail()
     reports = sampler.report(warmup_steps=WARMUP)
     print("\n" + format_report(reports))

@@ -15,6 +15,9 @@ one that no longer verifies counts as *lost*. At the end of the session the
 suite prints::
 
     faults injected: N / surfaced correctly: N / hangs: N / checkpoints lost: N
+
+(the ledger itself, and the summary, are ``support.fault_ledger`` and the root conftest's: under
+pytest-xdist only the controller prints, and it loads no sub-folder's conftest).
 """
 
 from __future__ import annotations
@@ -23,29 +26,12 @@ import contextlib
 import os
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator, Optional
 
 import pytest
 from support.aio import Hang
-
-
-@dataclass
-class Ledger:
-    injected: int = 0
-    surfaced: int = 0
-    hangs: int = 0
-    checkpoints_lost: int = 0
-    cases: list = field(default_factory=list)
-
-    def line(self) -> str:
-        return (
-            f"faults injected: {self.injected} / surfaced correctly: {self.surfaced} / hangs: {self.hangs} / "
-            f"checkpoints lost: {self.checkpoints_lost}"
-        )
-
-
-LEDGER = Ledger()
+from support.fault_ledger import LEDGER
 
 
 @dataclass
@@ -152,11 +138,3 @@ def fault(request) -> Iterator[FaultRecorder]:
     yield recorder
     lost = recorder.verify_protected()
     assert not lost, "previously saved checkpoints were damaged:\n" + "\n".join(lost)
-
-
-def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
-    if LEDGER.injected:
-        terminalreporter.write_sep("=", "fault-injection summary")
-        for name, verdict, seconds in LEDGER.cases:
-            terminalreporter.write_line(f"  {verdict:<24} {seconds:6.2f}s  {name}")
-        terminalreporter.write_line(LEDGER.line())
