@@ -33,6 +33,6 @@ if [ -z "$workers" ]; then
 fi
 parallel=()
 if [ "$workers" -gt 1 ]; then
-    parallel=(-n "$workers" --dist loadgroup --no-loadscope-reorder)
+    parallel=(-n "$workers" --dist loadscope --no-loadscope-reorder)
 fi
 exec "$venv/bin/python" -m pytest "${targets[@]}" "${parallel[@]}" "$@"

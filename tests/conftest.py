@@ -3,6 +3,7 @@ several test modules assert on (pytest finds them here)."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
@@ -270,7 +271,6 @@ def standin_server(tmp_path_factory) -> ArcticStandIn:
 _TIERS = ("unit", "integration", "e2e")
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     """Every test gets exactly one tier marker (``-m unit`` / ``integration`` / ``e2e``): tests
     marked ``slow`` are the e2e tier; otherwise a test's own tier marker, else the module's
@@ -289,8 +289,8 @@ def pytest_collection_modifyitems(config, items):
             raise pytest.UsageError(f"{item.nodeid}: marked {explicit} but its tier is {tier!r} (one tier per test)")
         if tier not in explicit:
             item.add_marker(tier)
-    if getattr(config.option, "loadgroup", False):  # a pytest-xdist worker under --dist loadgroup
-        _group_for_workers(items)
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: its collection order is the schedule's
+        _most_expensive_groups_first(items)
 
 
 # ---------------------------------------------------------------- parallel workers (pytest-xdist)
@@ -303,31 +303,44 @@ SHARED_RUN_FIXTURES = ("verl_grpo_line_run", "seeded_local_run", "thirty_step_ru
 _TIER_SECONDS = {"unit": 0.5, "integration": 5.0, "e2e": 30.0}
 
 
-def _group_for_workers(items: list) -> None:
-    """Give every test an ``xdist_group`` (``scripts/run_tests.sh`` runs ``--dist loadgroup``) and
-    order the groups by their estimated cost, most expensive first (``--no-loadscope-reorder``
-    keeps this order; tests keep their order within a group).
+@functools.lru_cache(maxsize=None)
+def worker_group(module: str) -> str:
+    """The unit of work a pytest-xdist worker takes whole, for a test module (``tests/...py``): the
+    module itself, so its module-scoped fixtures (a server, a Ray cluster) start once; or, for a
+    module that uses one of :data:`SHARED_RUN_FIXTURES`, that fixture's name. Read from the module's
+    source, because the controller, which schedules, collects nothing."""
+    source = (TESTS_DIR.parent / module).read_text()
+    return next((name for name in SHARED_RUN_FIXTURES if name in source), module)
 
-    A group is a module, so module-scoped fixtures (a server, a Ray cluster) start once; or, for
-    the modules that share one of :data:`SHARED_RUN_FIXTURES`, that fixture's name."""
 
-    def module_of(item) -> str:
-        return item.nodeid.split("::", 1)[0]
+def _module_of(item_or_nodeid) -> str:
+    return getattr(item_or_nodeid, "nodeid", item_or_nodeid).split("::", 1)[0]
 
-    module_group: dict[str, str] = {}
-    for item in items:
-        shared = next((name for name in SHARED_RUN_FIXTURES if name in item.fixturenames), None)
-        if shared or module_of(item) not in module_group:
-            module_group[module_of(item)] = shared or module_group.get(module_of(item)) or module_of(item)
+
+def _most_expensive_groups_first(items: list) -> None:
+    """Order the tests by their group's estimated cost, most expensive first (tests keep their order
+    within a group), so that a worker is not left running a long group alone at the end.
+    ``scripts/run_tests.sh`` passes ``--no-loadscope-reorder``, so the scheduler keeps this order."""
     cost: dict[str, float] = {}
     first: dict[str, int] = {}
     for position, item in enumerate(items):
-        group = module_group[module_of(item)]
-        item.add_marker(pytest.mark.xdist_group(group))
+        group = worker_group(_module_of(item))
         tier = next(t for t in _TIERS if item.get_closest_marker(t))
         cost[group] = cost.get(group, 0.0) + _TIER_SECONDS[tier]
         first.setdefault(group, position)
-    items.sort(key=lambda item: (-cost[module_group[module_of(item)]], first[module_group[module_of(item)]]))
+    items.sort(key=lambda item: (-cost[worker_group(_module_of(item))], first[worker_group(_module_of(item))]))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's scheduler for ``--dist loadscope``, with :func:`worker_group` as the scope."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return worker_group(_module_of(nodeid))
+
+    return GroupScheduling(config, log)
 
 
 def pytest_sessionfinish(session) -> None:
