@@ -5,9 +5,8 @@
 # environment, where only the tests marked every_verl run (tests/conftest.py skips the rest).
 #
 # The whole suite runs in parallel pytest-xdist workers: VRB_TEST_WORKERS of them (default: one per
-# core, at most one per 8 GiB of memory and at most 4; 1 = one process, no xdist). Each module, or
-# the modules sharing one trainer run, stays on one worker (tests/conftest.py). Named files run in
-# one process unless VRB_TEST_WORKERS is set.
+# core, at most one per 8 GiB of memory and at most 4; 1 = one process, no xdist), tests dealt out
+# one by one (--dist load). Named files run in one process unless VRB_TEST_WORKERS is set.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$(bash "$repo/scripts/setup_env.sh" test)"
@@ -33,6 +32,6 @@ if [ -z "$workers" ]; then
 fi
 parallel=()
 if [ "$workers" -gt 1 ]; then
-    parallel=(-n "$workers" --dist loadscope --no-loadscope-reorder)
+    parallel=(-n "$workers" --dist load)
 fi
 exec "$venv/bin/python" -m pytest "${targets[@]}" "${parallel[@]}" "$@"

@@ -3,7 +3,6 @@ several test modules assert on (pytest finds them here)."""
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
@@ -211,7 +210,8 @@ def thirty_step_run(tmp_path_factory, gsm8k_assets) -> SampledRun:
     """One 30-step GRPO run through the entry point (local backend, tiny model, a reward the model can
     learn and that varies within groups), its processes sampled every 2 steps. Two modules assert on
     it: test_learning_toy_task (the reward rises) and test_soak_e2e (no process keeps growing); one
-    run serves both, as it costs about a minute of both cores. Return code: the tests' to check."""
+    run serves both in a process (under pytest-xdist, each worker that runs one of them makes it), as
+    it costs about a minute of both cores. Return code: the tests' to check."""
     from verl.remote_backend.testing.soak import StepSampler
 
     root = tmp_path_factory.mktemp("thirty_steps")
@@ -289,60 +289,9 @@ def pytest_collection_modifyitems(config, items):
             raise pytest.UsageError(f"{item.nodeid}: marked {explicit} but its tier is {tier!r} (one tier per test)")
         if tier not in explicit:
             item.add_marker(tier)
-    if hasattr(config, "workerinput"):  # a pytest-xdist worker: its collection order is the schedule's
-        _most_expensive_groups_first(items)
 
 
 # ---------------------------------------------------------------- parallel workers (pytest-xdist)
-#: Session fixtures that run one trainer per session for several modules to assert on: under
-#: pytest-xdist every module that uses one runs on the same worker, so the run happens once.
-SHARED_RUN_FIXTURES = ("verl_grpo_line_run", "seeded_local_run", "thirty_step_run")
-
-#: Rough cost of one test by tier, in seconds on the 2-core box (the suite's durations): only
-#: used to start the most expensive groups first, so no worker is left with a long one at the end.
-_TIER_SECONDS = {"unit": 0.5, "integration": 5.0, "e2e": 30.0}
-
-
-@functools.lru_cache(maxsize=None)
-def worker_group(module: str) -> str:
-    """The unit of work a pytest-xdist worker takes whole, for a test module (``tests/...py``): the
-    module itself, so its module-scoped fixtures (a server, a Ray cluster) start once; or, for a
-    module that uses one of :data:`SHARED_RUN_FIXTURES`, that fixture's name. Read from the module's
-    source, because the controller, which schedules, collects nothing."""
-    source = (TESTS_DIR.parent / module).read_text()
-    return next((name for name in SHARED_RUN_FIXTURES if name in source), module)
-
-
-def _module_of(item_or_nodeid) -> str:
-    return getattr(item_or_nodeid, "nodeid", item_or_nodeid).split("::", 1)[0]
-
-
-def _most_expensive_groups_first(items: list) -> None:
-    """Order the tests by their group's estimated cost, most expensive first (tests keep their order
-    within a group), so that a worker is not left running a long group alone at the end.
-    ``scripts/run_tests.sh`` passes ``--no-loadscope-reorder``, so the scheduler keeps this order."""
-    cost: dict[str, float] = {}
-    first: dict[str, int] = {}
-    for position, item in enumerate(items):
-        group = worker_group(_module_of(item))
-        tier = next(t for t in _TIERS if item.get_closest_marker(t))
-        cost[group] = cost.get(group, 0.0) + _TIER_SECONDS[tier]
-        first.setdefault(group, position)
-    items.sort(key=lambda item: (-cost[worker_group(_module_of(item))], first[worker_group(_module_of(item))]))
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config, log):
-    """pytest-xdist's scheduler for ``--dist loadscope``, with :func:`worker_group` as the scope."""
-    from xdist.scheduler import LoadScopeScheduling
-
-    class GroupScheduling(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return worker_group(_module_of(nodeid))
-
-    return GroupScheduling(config, log)
-
-
 def pytest_sessionfinish(session) -> None:
     """On a pytest-xdist worker: hand this worker's fault ledger to the controller."""
     if hasattr(session.config, "workeroutput"):
