@@ -5,8 +5,13 @@
 # environment, where only the tests marked every_verl run (tests/conftest.py skips the rest).
 #
 # The whole suite runs in parallel pytest-xdist workers: VRB_TEST_WORKERS of them (default: one per
-# core, at most one per 8 GiB of memory and at most 4; 1 = one process, no xdist), tests dealt out
-# one by one (--dist load). Named files run in one process unless VRB_TEST_WORKERS is set.
+# core, at most one per 8 GiB of memory and at most 4; 1 = one process, no xdist), each test file
+# on one worker (--dist loadfile: a module's server, engine or Ray cluster is set up once), files
+# with slow tests dealt out first (tests/conftest.py orders them). Named files run in one process
+# unless VRB_TEST_WORKERS is set. OpenMP threads sleep when idle (OMP_WAIT_POLICY=PASSIVE, unless
+# set): with several workers the processes' torch threads outnumber the cores, and threads that
+# spin at OpenMP barriers then burn the cores others need (measured: two 2-thread torch processes
+# on 2 cores use ~1.7x the CPU time spinning as sleeping).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$(bash "$repo/scripts/setup_env.sh" test)"
@@ -32,6 +37,7 @@ if [ -z "$workers" ]; then
 fi
 parallel=()
 if [ "$workers" -gt 1 ]; then
-    parallel=(-n "$workers" --dist load)
+    parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder)
+    export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 fi
 exec "$venv/bin/python" -m pytest "${targets[@]}" "${parallel[@]}" "$@"

@@ -289,6 +289,23 @@ def pytest_collection_modifyitems(config, items):
             raise pytest.UsageError(f"{item.nodeid}: marked {explicit} but its tier is {tier!r} (one tier per test)")
         if tier not in explicit:
             item.add_marker(tier)
+    _slow_modules_first(items)
+
+
+def _slow_modules_first(items: list) -> None:
+    """Order whole modules by how many slow tests they hold, most first (a stable sort: ties and
+    the modules with none keep their order, and so do the tests within a module).
+
+    Under pytest-xdist's ``--dist loadfile`` (``scripts/run_tests.sh``) files are dealt out in this
+    order, so the long files (the conformance kit, the Tinker server, the slow faults) start first
+    and the short ones fill both workers at the end, instead of a multi-minute file running alone
+    after everything else is done."""
+    slow_count: dict = {}
+    for item in items:
+        slow_count.setdefault(item.path, 0)
+        if item.get_closest_marker("slow"):
+            slow_count[item.path] += 1
+    items.sort(key=lambda item: -slow_count[item.path])
 
 
 # ---------------------------------------------------------------- parallel workers (pytest-xdist)

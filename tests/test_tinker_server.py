@@ -50,7 +50,8 @@ LORA_RANK = 4
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def shared_server(tmp_path_factory):
+    """The module's server, started once (the last test kills it: see :func:`server`)."""
     root = tmp_path_factory.mktemp("tinker")
     try:
         venv = server_venv()
@@ -64,6 +65,15 @@ def server(tmp_path_factory):
     finally:
         srv.stop()
     assert not srv.alive()
+
+
+@pytest.fixture
+def server(shared_server):
+    """The module's server, alive: started again if a test before this one killed it (the kill test
+    runs last in file order, so this restart happens only when tests run in another order)."""
+    if not shared_server.alive():
+        shared_server.start()
+    return shared_server
 
 
 def tinker_overrides(srv: TinkerServer) -> list[str]:
@@ -529,38 +539,33 @@ def test_grpo_on_gsm8k_end_to_end_then_resume(server, tmp_path):
 
 
 def test_server_killed_mid_run_fails_clearly(server, tmp_path):
-    """A second server of our own (the shared one must survive) is SIGKILLed during step 1."""
-    victim = TinkerServer(server.venv, server.model, tmp_path / "victim").start()
-    try:
-        ov = _gsm8k_overrides(server, tmp_path, tmp_path / "ckpt", steps=3)
-        ov = [o for o in ov if not o.startswith("remote_backend.tinker.base_url")] + [
-            f"remote_backend.tinker.base_url={victim.base_url}"
-        ]
-        killed_at: dict = {}
+    """The module's server is SIGKILLed during step 1 of a run (the last test of this file, so no
+    second server is started for it; :func:`server` restarts it for any test run after this one)."""
+    ov = _gsm8k_overrides(server, tmp_path, tmp_path / "ckpt", steps=3)
+    log_before = len(server.log_path.read_text(errors="replace"))  # earlier tests sampled too
+    killed_at: dict = {}
 
-        def killer() -> None:
-            # mid-step: once rollout sampling has reached the server
-            deadline = time.monotonic() + 600
-            while time.monotonic() < deadline:
-                if "/api/v1/asample" in victim.log_path.read_text(errors="replace"):
-                    time.sleep(1)
-                    victim.kill()
-                    killed_at["t"] = time.monotonic()
-                    return
-                time.sleep(0.5)
+    def killer() -> None:
+        # mid-step: once this run's rollout sampling has reached the server
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if "/api/v1/asample" in server.log_path.read_text(errors="replace")[log_before:]:
+                time.sleep(1)
+                server.kill()
+                killed_at["t"] = time.monotonic()
+                return
+            time.sleep(0.5)
 
-        thread = threading.Thread(target=killer, daemon=True)
-        thread.start()
-        started = time.monotonic()
-        res = run_entry(ov, workdir=tmp_path / "run", timeout_s=600)
-        thread.join(timeout=5)
-        ended = started + res.wall_s  # the child's exit (wall_s stops before leftovers are reaped)
-        assert "t" in killed_at, res.tail()
-        assert res.returncode != 0
-        assert "BackendDiedError" in res.output or "died" in res.output, res.tail()
-        assert victim.base_url in res.output, res.tail()
-        print(f"[tinker kill] run exited {ended - killed_at['t']:.1f}s after the server was killed")
-        assert ended - killed_at["t"] < 30, ended - killed_at["t"]
-        assert API_KEY not in res.output and files_holding([tmp_path / "run"], API_KEY) == []  # nor in a failure
-    finally:
-        victim.stop()
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    started = time.monotonic()
+    res = run_entry(ov, workdir=tmp_path / "run", timeout_s=600)
+    thread.join(timeout=5)
+    ended = started + res.wall_s  # the child's exit (wall_s stops before leftovers are reaped)
+    assert "t" in killed_at, res.tail()
+    assert res.returncode != 0
+    assert "BackendDiedError" in res.output or "died" in res.output, res.tail()
+    assert server.base_url in res.output, res.tail()
+    print(f"[tinker kill] run exited {ended - killed_at['t']:.1f}s after the server was killed")
+    assert ended - killed_at["t"] < 30, ended - killed_at["t"]
+    assert API_KEY not in res.output and files_holding([tmp_path / "run"], API_KEY) == []  # nor in a failure
