@@ -231,3 +231,22 @@ def test_the_engine_reports_the_threads_it_was_sized_to(backend, cfg, threads):
     finally:
         if own is not None:
             run(own.destroy())
+
+
+def test_the_engine_process_starts_with_the_malloc_settings_and_keeps_the_callers_own(backend, monkeypatch):
+    """glibc reads ``MALLOC_*`` only when a process starts, so Ray must start the engine's process
+    with them (``ENGINE_MALLOC_ENV``; the memory they save is measured on the main job, not here);
+    a value the caller's environment already sets wins."""
+    import os
+    from pathlib import Path
+
+    from verl.workers.remote_client.local.backend import ENGINE_MALLOC_ENV, engine_malloc_env
+
+    info = run(engine_info(backend))
+    raw = Path(f"/proc/{info['pid']}/environ").read_bytes().decode(errors="replace")
+    env = dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
+    for key, value in ENGINE_MALLOC_ENV.items():
+        assert env.get(key) == os.environ.get(key, value), (key, env.get(key))
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "8")
+    assert "MALLOC_ARENA_MAX" not in engine_malloc_env()
+    assert engine_malloc_env()["MALLOC_MMAP_THRESHOLD_"] == ENGINE_MALLOC_ENV["MALLOC_MMAP_THRESHOLD_"]

@@ -31,7 +31,9 @@ QUESTION = "Natalia sold clips to 48 of her friends in April, and then half as m
         ("I do not know.", 0.0),
         ("72 clips in April? No: 48 + 24 = 70", 0.0),  # the right number, but not the last one
         ("#### 24", 0.0),  # the bare format earns nothing
-        ("48 / 2 = 24.\n#### 24\n#### 24", 0.0),  # a repeated answer line earns nothing
+        ("48 / 2 = 24.\n#### 24\n#### 24", 0.1),  # the first answer line ends the answer
+        ("48 / 2 = 24.\n#### 24\n\nQuestion: 36 + 36 = 72?\n#### 72", 0.1),  # an invented question after it is not read
+        ("#### 24 #### 24 #### 24", 0.0),  # repeating the bare format earns nothing
         ("48 / 2 = 24.\n#### 25", 0.0),  # the answer is not what the work derived
         (
             "17 + 26 = 43 cows. 43 - 8 = 35 cows.\n#### 35",

@@ -3,13 +3,18 @@
 verl's own gsm8k score (``verl.utils.reward_score.gsm8k``, strict) gives 1 only for
 ``#### <correct number>`` and 0 otherwise. A 135M model almost never writes that format at
 first, so every sample of a GRPO group scores 0, the advantages are 0 and nothing is learnt in
-a few steps. This reward keeps verl's rule for a full score and adds partial credit:
+a few steps. This reward keeps verl's format for a full score and adds partial credit.
 
-* 1.0   the number after the last ``####`` equals the reference answer (verl's strict rule);
+The answer ends at the first ``#### <number>``: what follows is not read, as if the sampler
+had stopped there (evaluation harnesses stop gsm8k generation the same way). A small model
+that does not stop goes on to invent the next "Question: ... #### <number>"; verl's rule reads
+the last ``####`` and would score that invented answer instead.
+
+* 1.0   the number after the first ``####`` equals the reference answer (verl's strict format);
 * 0.5   no ``####``, but the last number in the response equals the reference;
-* 0.1   a worked answer with a wrong number: exactly one ``#### <number>``, that number is the
-        result of an equation written before it (``... = <number>``), and the work uses a
-        number of the question (when ``extra_info["question"]`` is given);
+* 0.1   a worked answer with a wrong number: the number after the first ``####`` is the result
+        of an equation written before it (``... = <number>``), and the work uses a number of
+        the question (when ``extra_info["question"]`` is given);
 * 0.0   otherwise.
 
 Why the 0.1 asks for work: a credit for the bare format is learnt in three steps as
@@ -48,13 +53,13 @@ def gsm8k_shaped(data_source: str, solution_str: str, ground_truth: Any, extra_i
     """Score one response (see module docstring); ``ground_truth`` is gsm8k's final number and
     ``extra_info`` the dataset row's (``prepare_gsm8k.py`` puts the question there)."""
     truth = _normalise(str(ground_truth))
-    final = _FINAL.findall(solution_str)
+    final = _FINAL.search(solution_str)
     if final:
-        if _normalise(final[-1]) == truth:
+        answer = _normalise(final.group(1))
+        if answer == truth:
             return 1.0
-        question = (extra_info or {}).get("question")
-        work = solution_str[: solution_str.find("####")]
-        return 0.1 if len(final) == 1 and _shows_work(work, _normalise(final[0]), question) else 0.0
+        work = solution_str[: final.start()]
+        return 0.1 if _shows_work(work, answer, (extra_info or {}).get("question")) else 0.0
     numbers = _NUMBER.findall(solution_str)
     if numbers and _normalise(numbers[-1]) == truth:
         return 0.5

@@ -15,8 +15,9 @@
 #    rewards from the first and last step, and writes WORK_DIR/metrics.png (summarize_run.py).
 #
 # Every knob is explained in examples/gsm8k_remote/README.md. Environment overrides:
-#   WORK_DIR (outputs/gsm8k_grpo_local), STEPS (8), BATCH (4 prompts), ROLLOUT_N (4 samples/prompt),
-#   PROMPT_LEN (256), RESPONSE_LEN (96), LR (5e-5), TEMPERATURE (0.7), SEED (0: data order and
+#   WORK_DIR (outputs/gsm8k_grpo_local), STEPS (8), BATCH (6 prompts), ROLLOUT_N (4 samples/prompt),
+#   PROMPT_LEN (256), RESPONSE_LEN (96), LR (1e-4), WARMUP (2 steps: lr 0 at step 1, lr/2 at step 2;
+#   0 = none), TEMPERATURE (0.7), SEED (0: data order and
 #   sampling), SAVE_FREQ (2: a checkpoint every 2 steps, so Ctrl-C loses at most 2 steps),
 #   BYPASS (true: old log-probs are the sampler's, no recompute), VALIDATE (true: before and after),
 #   VAL_PROMPTS (32 held-out prompts the validation scores),
@@ -30,11 +31,12 @@ if [ $# -gt 0 ]; then shift; fi
 
 work="${WORK_DIR:-$repo/outputs/gsm8k_grpo_local}"
 steps="${STEPS:-8}"
-batch="${BATCH:-4}"
+batch="${BATCH:-6}"
 rollout_n="${ROLLOUT_N:-4}"
 prompt_len="${PROMPT_LEN:-256}"
 response_len="${RESPONSE_LEN:-96}"
-lr="${LR:-5e-5}"
+lr="${LR:-1e-4}"
+warmup="${WARMUP:-2}"
 temperature="${TEMPERATURE:-0.7}"
 seed="${SEED:-0}"
 mkdir -p "$work"
@@ -90,6 +92,7 @@ cd "$work"
     data.seed="$seed" \
     actor_rollout_ref.model.path="$model_path" \
     actor_rollout_ref.actor.optim.lr="$lr" \
+    actor_rollout_ref.actor.optim.lr_warmup_steps="$warmup" \
     actor_rollout_ref.actor.ppo_mini_batch_size="$batch" \
     actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu="$rollout_n" \
     actor_rollout_ref.rollout.n="$rollout_n" \
