@@ -113,6 +113,22 @@ def test_concurrent_generate_requests_are_batched(backend):
         assert res.stop_reason == "completed"
 
 
+def test_samples_of_one_prompt_in_a_burst_are_prefilled_once(backend):
+    params = {"max_tokens": 4, "temperature": 1.0}
+    prompts = [[9, 8, 7, p] for p in range(4) for _ in range(4)]  # 4 prompts x 4 samples, as verl repeats them
+
+    async def burst():
+        before = await engine_info(backend)
+        await asyncio.gather(*[backend.generate(prompt, params) for prompt in prompts])
+        after = await engine_info(backend)
+        return {k: after[k] - before[k] for k in ("batches_run", "prefill_tokens", "prefill_rows_shared")}
+
+    delta = run(burst())
+    # an admission holds at most the 4 distinct prompts: every other row reuses a prefill
+    assert delta["prefill_rows_shared"] >= len(prompts) - 4 * delta["batches_run"] > 0, delta
+    assert delta["prefill_tokens"] == 4 * (len(prompts) - delta["prefill_rows_shared"]), delta
+
+
 def test_invalid_generate_input_raises_value_error_through_ray(backend):
     with pytest.raises(ValueError, match="temperature"):
         run(backend.generate([1, 2], {"max_tokens": 3, "temperature": -1}))

@@ -58,6 +58,24 @@ def test_grouped_prefill_gives_the_logits_of_an_unpadded_single_sequence(engine)
         torch.testing.assert_close(batch.logits[row], alone.float(), atol=1e-4, rtol=1e-4)
 
 
+def test_samples_of_one_prompt_share_one_prefill_and_draw_what_they_draw_alone(engine):
+    # A GRPO group: n seeded samples of each prompt, interleaved as verl repeats them.
+    prompts = [PROMPTS[0], PROMPTS[4], PROMPTS[0], PROMPTS[1], PROMPTS[4], PROMPTS[0]]
+    params = [{"max_tokens": 6, "temperature": 1.0, "seed": 11 + i, "logprobs": True} for i in range(len(prompts))]
+    requests = [engine.make_request(p, sp) for p, sp in zip(prompts, params)]
+    batch = engine.decode_batch()
+    results = dict(engine.decode_step(batch, list(enumerate(requests))))
+    distinct = [PROMPTS[0], PROMPTS[4], PROMPTS[1]]
+    assert batch.prefill_tokens == sum(len(p) for p in distinct)  # each distinct prompt prefilled once
+    assert batch.prefill_rows_shared == len(prompts) - len(distinct)
+    while len(batch):
+        results.update(engine.decode_step(batch))
+    for i, request in enumerate(requests):
+        alone = engine.sample([request])[0]
+        assert results[i].token_ids == alone.token_ids
+        torch.testing.assert_close(results[i].log_probs, alone.log_probs, atol=1e-5, rtol=0)
+
+
 def test_a_request_joining_a_running_batch_gets_its_solo_greedy_tokens(engine):
     greedy = {"temperature": 0, "max_tokens": 8}
     batch = engine.decode_batch()

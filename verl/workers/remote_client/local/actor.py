@@ -85,6 +85,10 @@ class EngineActor:
             "pending_requests": len(self._pending),
             "decoding_rows": len(self._batch),
             "peak_rows": self.peak_rows,
+            # prefill work of the current decode batch (since start or the last failed step): real
+            # tokens of the distinct prompts prefilled, and rows that reused another row's prefill
+            "prefill_tokens": self._batch.prefill_tokens,
+            "prefill_rows_shared": self._batch.prefill_rows_shared,
         }
 
     async def compute_log_prob(

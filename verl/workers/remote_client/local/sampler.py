@@ -3,9 +3,9 @@
 It decodes many requests together, continuously (rows join and leave between decode steps),
 each with its own sampling parameters and, when seeded, its own random stream, so concurrent
 rollouts share forward passes without changing what each one samples. Prompts are prefilled in
-length groups (padding <= 5 % of real tokens) and join the running batch through per-row KV
-slots (:mod:`.slot_cache`). Pure code: no Ray, no asyncio; the engine's actor feeds concurrent
-``generate`` calls into one :class:`DecodeBatch`.
+length groups (padding <= 5 % of real tokens), identical prompts (a GRPO group's samples) once,
+and join the running batch through per-row KV slots (:mod:`.slot_cache`). Pure code: no Ray,
+no asyncio; the engine's actor feeds concurrent ``generate`` calls into one :class:`DecodeBatch`.
 """
 
 from __future__ import annotations
@@ -274,7 +274,8 @@ class DecodeBatch:
         self.generator = generator
         self._cache_kw = _cache_kwarg(model)
         self.keys: list[Any] = []
-        self.prefill_tokens = 0  # real prompt tokens prefilled (for the padded-slot statistic)
+        self.prefill_tokens = 0  # real tokens of the distinct prompts prefilled (padded-slot statistic)
+        self.prefill_rows_shared = 0  # rows admitted with the KV of a prompt prefilled for another row
         self.prefill_slots = 0  # slots the prefill forwards computed (real + padding)
         self._reset_rows()
 
@@ -301,8 +302,10 @@ class DecodeBatch:
         return len(self.keys)
 
     @torch.no_grad()
-    def _prefill(self, prompts: Sequence[tuple[int, ...]]) -> torch.Tensor:
-        """Prefill ``prompts`` (one length group), write their KV rows; returns ``[m, V]`` float logits."""
+    def _prefill(self, prompts: Sequence[tuple[int, ...]], copies: Sequence[int]) -> torch.Tensor:
+        """Prefill distinct ``prompts`` (one length group) once each and write ``copies[i]`` KV rows
+        of prompt ``i`` (in order: prompt 0's rows first); returns their ``[sum(copies), V]``
+        float logits. A prompt's rows are copies of one forward: exact, not recomputed."""
         from transformers import DynamicCache
 
         dev = self.device
@@ -326,14 +329,21 @@ class DecodeBatch:
             .logits[:, -1, :]
             .float()
         )
-        self.cache.write_rows([(layer.keys, layer.values) for layer in cache.layers], lens)
+        rows = torch.repeat_interleave(torch.arange(m, device=dev), torch.tensor(copies, device=dev))
+        if rows.numel() == m:
+            self.cache.write_rows([(layer.keys, layer.values) for layer in cache.layers], lens)
+        else:
+            self.cache.write_rows([(layer.keys[rows], layer.values[rows]) for layer in cache.layers], lens[rows])
+            logits = logits[rows]
         self.prefill_tokens += int(lens.sum())
         self.prefill_slots += m * width
+        self.prefill_rows_shared += int(rows.numel()) - m
         return logits
 
     @torch.no_grad()
     def admit(self, items: Sequence[tuple[Any, SampleRequest]]) -> list[tuple[Any, SampleResult]]:
         """Prefill ``(key, request)`` pairs and add them to the batch (running rows are not touched).
+        Requests with the same prompt share one prefill (their rows copy its keys/values and logits).
 
         Returns the requests that are already complete (``max_tokens == 0``).
         """
@@ -341,14 +351,23 @@ class DecodeBatch:
         items = [(k, r) for k, r in items if r.params.max_tokens > 0]
         if not items:
             return done
-        for group in prefill_groups([len(r.prompt_ids) for _, r in items]):
-            self._add_rows([items[i] for i in group])
+        rows_of: dict[tuple[int, ...], list[tuple[Any, SampleRequest]]] = {}
+        for key, request in items:
+            rows_of.setdefault(request.prompt_ids, []).append((key, request))
+        prompts = list(rows_of)
+        for group in prefill_groups([len(p) for p in prompts]):
+            self._add_rows([prompts[i] for i in group], [rows_of[prompts[i]] for i in group])
         return done
 
-    def _add_rows(self, items: Sequence[tuple[Any, SampleRequest]]) -> None:
-        dev, reqs = self.device, [r for _, r in items]
+    def _add_rows(
+        self, prompts: Sequence[tuple[int, ...]], rows: Sequence[Sequence[tuple[Any, SampleRequest]]]
+    ) -> None:
+        """Prefill distinct ``prompts`` and add ``rows[i]`` (the requests of prompt ``i``) to the batch."""
+        dev = self.device
+        items = [item for same_prompt in rows for item in same_prompt]
+        reqs = [r for _, r in items]
         m = len(reqs)
-        logits = self._prefill([r.prompt_ids for r in reqs])
+        logits = self._prefill(prompts, [len(same_prompt) for same_prompt in rows])
 
         def col(values, dtype=torch.float32):
             return torch.tensor(values, dtype=dtype, device=dev)
