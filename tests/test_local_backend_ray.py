@@ -113,7 +113,7 @@ def test_concurrent_generate_requests_are_batched(backend):
         assert res.stop_reason == "completed"
 
 
-def test_samples_of_one_prompt_in_a_burst_are_prefilled_once(backend):
+def test_samples_of_one_prompt_in_a_burst_are_prefilled_once_and_the_next_update_reports_it(backend, cfg):
     params = {"max_tokens": 4, "temperature": 1.0}
     prompts = [[9, 8, 7, p] for p in range(4) for _ in range(4)]  # 4 prompts x 4 samples, as verl repeats them
 
@@ -127,6 +127,20 @@ def test_samples_of_one_prompt_in_a_burst_are_prefilled_once(backend):
     # an admission holds at most the 4 distinct prompts: every other row reuses a prefill
     assert delta["prefill_rows_shared"] >= len(prompts) - 4 * delta["batches_run"] > 0, delta
     assert delta["prefill_tokens"] == 4 * (len(prompts) - delta["prefill_rows_shared"]), delta
+    # the update reports the sampler's prefill work since the previous update (this burst included)
+    upd = run(
+        backend.update_actor(
+            _update_batch(), actor_config=cfg.actor_rollout_ref.actor, pad_token_id=0, rollout_n=1, temperature=1.0
+        )
+    )
+    assert upd.metrics["sampler_rows_sharing_a_prefill"] >= delta["prefill_rows_shared"]
+    assert upd.metrics["sampler_prefill_tokens"] >= delta["prefill_tokens"]
+    again = run(
+        backend.update_actor(
+            _update_batch(), actor_config=cfg.actor_rollout_ref.actor, pad_token_id=0, rollout_n=1, temperature=1.0
+        )
+    )
+    assert again.metrics["sampler_prefill_tokens"] == again.metrics["sampler_rows_sharing_a_prefill"] == 0.0
 
 
 def test_invalid_generate_input_raises_value_error_through_ray(backend):

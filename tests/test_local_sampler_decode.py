@@ -183,3 +183,27 @@ def test_reported_mfu_matches_an_independent_flop_count_over_the_measured_peak(e
     reported = compute_mfu(FlopsCounter(config), seqlens, seconds, device, forward_only=True)
     independent = _independent_forward_flops(config, seqlens) / seconds / device.peak_flops
     assert reported == pytest.approx(independent, rel=0.15)
+
+
+@pytest.mark.parametrize("start, before_training, reported", [(1e9, 5e9, 5e9), (5e9, 1e9, 5e9)])
+def test_the_mfu_peak_is_measured_again_before_the_first_training_call_and_the_larger_kept(
+    tiny_model_dir, monkeypatch, start, before_training, reported
+):
+    # At start the job's other processes share the cores, so the start-up rate can read low.
+    from verl.workers.remote_client.local import engine as engine_module
+
+    rates = iter([start, before_training])
+    calls = []
+
+    def measure(device, dtype):
+        calls.append(device)
+        return next(rates)
+
+    monkeypatch.setattr(engine_module, "measure_matmul_flops", measure)
+    engine = engine_module.LocalEngine(engine_settings(tiny_model_dir))
+    assert engine.device_report().peak_flops == start
+    ids = torch.nested.nested_tensor_from_jagged(torch.tensor([5, 6, 7, 8, 9]), torch.tensor([0, 2, 5]))
+    engine.log_probs({"input_ids": ids})
+    engine.log_probs({"input_ids": ids})
+    assert engine.device_report().peak_flops == reported
+    assert len(calls) == 2  # once at start, once before the first training call, never again

@@ -107,8 +107,8 @@ def measure_matmul_flops(device: Any, dtype: Any, *, size: int = 0, seconds: flo
     """Achievable dense matmul FLOP/s of ``device`` in ``dtype``: the best of square matmuls
     repeated for about ``seconds`` (after one warm-up), with the calling process's threads.
 
-    ``size`` 0 picks 1024 on CPU and 4096 on an accelerator. Called once by an engine at start;
-    the result is what it reports as ``BackendDevice.peak_flops``.
+    ``size`` 0 picks 1024 on CPU and 4096 on an accelerator. The local engine calls it at start
+    and again before its first training call, and reports the larger as ``BackendDevice.peak_flops``.
     """
     import time
 

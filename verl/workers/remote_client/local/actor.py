@@ -73,6 +73,7 @@ class EngineActor:
         self._step_in_flight = False
         self.batches_run = 0  # admission events (prefills), for tests and the benchmark
         self.peak_rows = 0  # most rows ever decoded together (bounded by max_batch_size)
+        self._prefill_reported = (0, 0, 0)  # (decode batch id, its prefill counters) at the last update
 
     async def info(self) -> dict[str, Any]:
         if self.init_error is not None:
@@ -105,10 +106,25 @@ class EngineActor:
         return LogProbWire.of(result)  # numpy through the object store; the client rebuilds the result
 
     async def update_actor(self, data: Any, *, actor_config: Any, temperature: float) -> UpdateResult:
+        """The engine's update, plus the sampler's prefill work since the previous update
+        (``sampler_prefill_tokens``: prompt tokens prefilled; ``sampler_rows_sharing_a_prefill``:
+        requests that reused the prefill of an identical prompt), logged by verl as ``actor/*``."""
         fn = functools.partial(_timed, self.engine.update_actor, data, actor_config, temperature=temperature)
         if not self.engine.shares_sampler_weights:
-            return await asyncio.to_thread(fn)
-        return await self._with_sampler_drained(fn)
+            result = await asyncio.to_thread(fn)
+        else:
+            result = await self._with_sampler_drained(fn)
+        result.metrics.update(self._prefill_since_last_update())
+        return result
+
+    def _prefill_since_last_update(self) -> dict[str, float]:
+        now = (id(self._batch), self._batch.prefill_tokens, self._batch.prefill_rows_shared)
+        last = self._prefill_reported if self._prefill_reported[0] == now[0] else (now[0], 0, 0)  # new batch
+        self._prefill_reported = now
+        return {
+            "sampler_prefill_tokens": float(now[1] - last[1]),
+            "sampler_rows_sharing_a_prefill": float(now[2] - last[2]),
+        }
 
     async def save_checkpoint(self, path: str, step: Optional[int]) -> str:
         return await asyncio.to_thread(self.engine.save_checkpoint, path, step)

@@ -81,6 +81,7 @@ class LocalEngine:
         else:
             self.sampler_model = self._frozen(copy.deepcopy(self.model).to(sampler_dtype))
         self.peak_flops = measure_matmul_flops(self.device, self.dtype)
+        self._peak_remeasured = False
 
         self.optimizer, self.lr_scheduler = build_optimizer_and_scheduler(self.model, settings)
 
@@ -127,13 +128,25 @@ class LocalEngine:
     # ------------------------------------------------------------------ info
     def device_report(self) -> BackendDevice:
         """The ``BackendDevice`` of the device this engine computes on (for MFU); ``peak_flops`` is
-        the dense matmul rate measured at start in the model's dtype (:func:`measure_matmul_flops`)."""
+        the dense matmul rate in the model's dtype (:func:`measure_matmul_flops`), the larger of
+        the measurements at start and before the first training call (:meth:`_remeasure_peak`)."""
         if self.device.type == "cuda":
             name = torch.cuda.get_device_name(self.device)
         else:
             name = platform.processor() or platform.machine() or None
         peak = float(self.peak_flops) if np.isfinite(self.peak_flops) and self.peak_flops > 0 else None
         return BackendDevice(self.device.type, 1, peak, name)
+
+    def _remeasure_peak(self) -> None:
+        """Measure the matmul rate again before the first ``log_probs``/``update_actor`` and keep
+        the larger of the two. At start the job's other processes (Ray workers, the rollout server,
+        agent-loop workers) import torch and verl on the same CPU cores, so the start-up figure can
+        read low and every MFU after it high; the first training call comes when they wait on it.
+        Caller holds the train lock."""
+        if self._peak_remeasured:
+            return
+        self._peak_remeasured = True
+        self.peak_flops = max(self.peak_flops, measure_matmul_flops(self.device, self.dtype))
 
     def info(self) -> dict[str, Any]:
         """Small status dict: model, device, counters, limits (used by the client and tests)."""
@@ -189,6 +202,7 @@ class LocalEngine:
             max_token_len=s.log_prob_max_token_len if s.log_prob_use_dynamic_bsz else None,
         )
         with self._train_lock, torch.no_grad():
+            self._remeasure_peak()
             model = self.ref_model if ref else self.model
             was_training = model.training
             model.eval()
@@ -225,6 +239,7 @@ class LocalEngine:
         """
         cfg = to_actor_config(actor_config)
         with self._train_lock:
+            self._remeasure_peak()
             out = train_batch(
                 self.model,
                 self.optimizer,
