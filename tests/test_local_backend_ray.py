@@ -270,7 +270,7 @@ def test_the_engine_process_starts_with_the_malloc_settings_and_keeps_the_caller
     import os
     from pathlib import Path
 
-    from verl.workers.remote_client.local.backend import ENGINE_MALLOC_ENV, engine_malloc_env
+    from verl.workers.remote_client.local.malloc import ENGINE_MALLOC_ENV, engine_malloc_env
 
     info = run(engine_info(backend))
     raw = Path(f"/proc/{info['pid']}/environ").read_bytes().decode(errors="replace")

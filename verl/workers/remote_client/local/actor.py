@@ -18,12 +18,14 @@ from verl.remote_backend.results import GenerateResult, LogProbResult, UpdateRes
 
 from .config import EngineSettings
 from .engine import LocalEngine
+from .malloc import release_freed_memory
 from .sampler import SampleRequest
 from .transport import LogProbWire
 
 __all__ = ["EngineActor", "remote_engine_class", "use_threads"]
 
 R = TypeVar("R", LogProbResult, UpdateResult)
+T = TypeVar("T")
 
 
 def use_threads(requested: Optional[int]) -> int:
@@ -96,12 +98,15 @@ class EngineActor:
         self, data: Any, *, ref: bool, calculate_entropy: bool, temperature: float
     ) -> LogProbWire:
         result = await asyncio.to_thread(
-            _timed,
-            self.engine.compute_log_prob,
-            data,
-            ref=ref,
-            calculate_entropy=calculate_entropy,
-            temperature=temperature,
+            _then_release,
+            functools.partial(
+                _timed,
+                self.engine.compute_log_prob,
+                data,
+                ref=ref,
+                calculate_entropy=calculate_entropy,
+                temperature=temperature,
+            ),
         )
         return LogProbWire.of(result)  # numpy through the object store; the client rebuilds the result
 
@@ -111,7 +116,7 @@ class EngineActor:
         requests that reused the prefill of an identical prompt), logged by verl as ``actor/*``."""
         fn = functools.partial(_timed, self.engine.update_actor, data, actor_config, temperature=temperature)
         if not self.engine.shares_sampler_weights:
-            result = await asyncio.to_thread(fn)
+            result = await asyncio.to_thread(_then_release, fn)
         else:
             result = await self._with_sampler_drained(fn)
         result.metrics.update(self._prefill_since_last_update())
@@ -127,7 +132,7 @@ class EngineActor:
         }
 
     async def save_checkpoint(self, path: str, step: Optional[int]) -> str:
-        return await asyncio.to_thread(self.engine.save_checkpoint, path, step)
+        return await asyncio.to_thread(_then_release, functools.partial(self.engine.save_checkpoint, path, step))
 
     async def load_checkpoint(self, path: str, step: Optional[int]) -> dict:
         return await self._with_sampler_drained(functools.partial(self.engine.load_checkpoint, path, step))
@@ -155,7 +160,7 @@ class EngineActor:
         try:
             while len(self._batch) or self._step_in_flight:
                 await asyncio.sleep(0.002)
-            return await asyncio.to_thread(fn)
+            return await asyncio.to_thread(_then_release, fn)
         finally:
             self._admission_paused -= 1
             if self._wakeup is not None:
@@ -203,6 +208,8 @@ class EngineActor:
             for fut, result in finished:
                 if not fut.done():
                     fut.set_result(result)
+            if finished and not len(self._batch):  # the burst is decoded: its KV cache was freed
+                await asyncio.to_thread(release_freed_memory)
 
     async def _gather_burst(self, gap_s: float, limit: int) -> None:
         """Wait while a burst is still arriving: until ``gap_s`` passes without a new request,
@@ -225,6 +232,15 @@ def _timed(op: Callable[..., R], *args: Any, **kwargs: Any) -> R:
     result = op(*args, **kwargs)
     result.compute_s = time.perf_counter() - start
     return result
+
+
+def _then_release(fn: Callable[[], T]) -> T:
+    """``fn()``, then hand the memory it freed back to the system (:func:`release_freed_memory`),
+    so that the engine's resident memory does not grow from call to call."""
+    try:
+        return fn()
+    finally:
+        release_freed_memory()
 
 
 def remote_engine_class():

@@ -9,7 +9,6 @@ re-attached one only drops its reference.
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any, Optional
 
 from verl.remote_backend.base import RemoteBackend
@@ -22,6 +21,7 @@ from verl.remote_backend.transport.batch_ref import BatchRef
 from verl.remote_backend.transport.wire import to_wire
 from verl.workers.remote_client.local import checkpoint as local_checkpoint
 from verl.workers.remote_client.local.config import CONFIG_KEY, EngineSettings, LocalBackendConfig
+from verl.workers.remote_client.local.malloc import engine_malloc_env
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -32,23 +32,6 @@ __all__ = ["LocalBackend"]
 _HANDLE_KIND = "local"
 # Tensor fields the forward pass needs; compute_log_prob ships only these to the engine.
 _FORWARD_KEYS = ("input_ids", "position_ids")
-
-
-#: glibc malloc settings for the engine's process, which Ray starts with them (glibc reads them
-#: only when a process starts). With glibc's defaults the engine's resident memory kept growing:
-#: freed tensors of a few MB stay in malloc's heaps (its mmap threshold rises to the largest block
-#: freed, up to 32 MB) and each compute thread gets its own heaps, so a step that allocates other
-#: sizes than the last takes new memory. The main job (SmolLM2-135M, 24 samples a step) measured
-#: 9.3 GB after 3 steps and 18.2 GB at the validation after step 8, where Ray's memory monitor
-#: killed the run on the 24 GB machine; with these the same 3 steps peaked at 5.8 GB and gave the
-#: same rewards, at steps ~11 % slower (blocks over 1 MB are mapped afresh each time). A variable
-#: already set in the environment is kept.
-ENGINE_MALLOC_ENV = {"MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
-
-
-def engine_malloc_env() -> dict[str, str]:
-    """:data:`ENGINE_MALLOC_ENV` without the variables the caller's environment already sets."""
-    return {key: value for key, value in ENGINE_MALLOC_ENV.items() if key not in os.environ}
 
 
 @RemoteBackendRegistry.register("local")
