@@ -128,9 +128,10 @@ def test_compute_log_prob_equals_server_compute_logprobs(server, tmp_path):
         import tinker
         from tinker import types
 
-        sampler = tinker.ServiceClient(base_url=server.base_url, api_key=API_KEY).create_sampling_client(
-            base_model=server.model
-        )
+        from verl.workers.remote_client.tinker.client import close_sdk_sessions
+
+        service = tinker.ServiceClient(base_url=server.base_url, api_key=API_KEY)
+        sampler = service.create_sampling_client(base_model=server.model)
         offsets = td["input_ids"].offsets().tolist()
         for i, (p, r) in enumerate(zip(prompts, responses)):
             want = sampler.compute_logprobs(types.ModelInput.from_ints(p + r)).result()
@@ -141,6 +142,7 @@ def test_compute_log_prob_equals_server_compute_logprobs(server, tmp_path):
             assert row[-1] == 0
             torch.testing.assert_close(ref.log_probs[offsets[i] : offsets[i + 1]][:-1], want, rtol=0, atol=1e-4)
         torch.testing.assert_close(actor.entropy, -packed)
+        close_sdk_sessions(service)
     finally:
         asyncio.run(backend.destroy())
 
@@ -368,6 +370,8 @@ def test_generate_follows_update_weights_through_a_handle(server, tmp_path):
         after = run(rollout.generate([5, 17, 33, 99], {**params, "max_tokens": 6, "temperature": 0.0}))
         assert after.token_ids[0] == target, after
         asyncio.run(rollout.destroy())  # re-attached: must not unload the owner's model
+        # ... but drops its SDK session: no heartbeat left to warn every 10 s once the server is gone
+        assert _heartbeat_stops(rollout), "a destroyed client's SDK session still sends heartbeats"
         # owner and re-attached client read the same trained weights: equal to each other, moved from before
         again = [
             run(
@@ -387,6 +391,16 @@ def test_generate_follows_update_weights_through_a_handle(server, tmp_path):
     finally:
         asyncio.run(owner.destroy())
         asyncio.run(owner.destroy())  # idempotent
+
+
+def _heartbeat_stops(backend, within_s: float = 10.0) -> bool:
+    """Whether the SDK session ``backend`` opened stops its heartbeat task within ``within_s``
+    (tinker 0.25 cancels it on the SDK's own event-loop thread, so it ends shortly after)."""
+    task = backend._service._session_holder._session_heartbeat_task
+    deadline = time.monotonic() + within_s
+    while not task.done() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return task.done()
 
 
 def _model_status(server: TinkerServer, model_id: str) -> str:

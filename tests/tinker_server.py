@@ -107,20 +107,23 @@ class TinkerServer:
     def _wait_ready(self, deadline: float) -> None:
         import tinker
 
+        from verl.workers.remote_client.tinker.client import close_sdk_sessions
+
         last: Optional[BaseException] = None
         while time.monotonic() < deadline:
             if not self.process.alive():
                 raise RuntimeError(
                     f"tinker server exited with {self.process.proc.returncode}; log {self.log_path}:\n{self.tail()}"
                 )
+            service = tinker.ServiceClient(base_url=self.base_url, api_key=API_KEY)
             try:
-                service = tinker.ServiceClient(base_url=self.base_url, api_key=API_KEY)
-                client = service.create_lora_training_client(base_model=self.model, rank=1)
-                del client
+                service.create_lora_training_client(base_model=self.model, rank=1)
                 return
             except Exception as exc:  # not up yet / engine still loading
                 last = exc
                 time.sleep(2)
+            finally:
+                close_sdk_sessions(service)  # else its heartbeat outlives the server, warning every 10 s
         raise TimeoutError(f"tinker server not ready in time: {last!r}; log {self.log_path}:\n{self.tail()}")
 
     def alive(self) -> bool:

@@ -113,7 +113,9 @@ class EngineActor:
     async def update_actor(self, data: Any, *, actor_config: Any, temperature: float) -> UpdateResult:
         """The engine's update, plus the sampler's prefill work since the previous update
         (``sampler_prefill_tokens``: prompt tokens prefilled; ``sampler_rows_sharing_a_prefill``:
-        requests that reused the prefill of an identical prompt), logged by verl as ``actor/*``."""
+        requests that reused the prefill of an identical prompt), logged by verl as ``actor/*``.
+        Both depend on which requests arrived in the same burst, so, like timings, they can
+        differ between two runs with the same seeds; what the rows sample does not."""
         fn = functools.partial(_timed, self.engine.update_actor, data, actor_config, temperature=temperature)
         if not self.engine.shares_sampler_weights:
             result = await asyncio.to_thread(_then_release, fn)

@@ -200,11 +200,12 @@ class TinkerBackend(RemoteBackend):
                     f"the Tinker server launched by remote_backend.tinker.launch_command exited with "
                     f"{server.proc.returncode}; its log: {server.log_path}"
                 )
+            service = tinker.ServiceClient(base_url=cfg.base_url, api_key=cfg.resolved_api_key())
             try:
-                service = tinker.ServiceClient(base_url=cfg.base_url, api_key=cfg.resolved_api_key())
                 training = service.create_lora_training_client(base_model=base_model, rank=rank, seed=seed)
                 break
             except Exception as exc:  # not up yet, engine still loading, or a real refusal
+                close_sdk_sessions(service)
                 last = exc
                 if _is_refusal(exc) or time.monotonic() >= deadline:
                     if server is not None:
@@ -262,7 +263,8 @@ class TinkerBackend(RemoteBackend):
         }
 
     async def destroy(self) -> None:
-        """Owner: unload the LoRA model from the server, stop a launched server. Re-attached: drop the session only."""
+        """Owner: unload the LoRA model from the server, stop a launched server. Both: close the
+        SDK's sessions (their heartbeats), so a re-attached client only drops its session."""
         if self._closed:
             return
         self._closed = True
@@ -278,6 +280,7 @@ class TinkerBackend(RemoteBackend):
         if self._server is not None:
             self._server.stop()
             self._server = None
+        close_sdk_sessions(self._service)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     @classmethod
@@ -655,6 +658,21 @@ class TinkerBackend(RemoteBackend):
         except Exception as exc:
             logger.warning("tinker: could not read EOS ids of %s (%s); sampling stops at max_tokens only", path, exc)
         return sorted(set(int(i) for i in ids))
+
+
+def close_sdk_sessions(service: "tinker.ServiceClient") -> None:
+    """Stop the background tasks of the SDK sessions ``service`` opened (tinker 0.25: a session
+    heartbeat every few seconds, for the life of the process otherwise, which warns every 10 s
+    once the server is gone). Its sampling and training clients share these sessions, so call
+    this only when they are no longer used. Idempotent; never raises (it runs in teardown)."""
+    for name in ("_session_holder", "_rest_holder"):  # the SDK's lazily created holders
+        holder = getattr(service, name, None)
+        if holder is None:
+            continue
+        try:
+            holder.close()
+        except Exception as exc:
+            logger.warning("tinker: closing the SDK session failed: %s", _describe(exc))
 
 
 def _metric(metrics: dict, suffix: str) -> float:
