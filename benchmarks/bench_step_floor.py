@@ -16,12 +16,19 @@ steps after the first) beside its floor:
 * the step: the sum of those floors against ``timing_s/step`` minus the checkpoint save and
   validation (disk and evaluation time the compute floor does not cover).
 
+Each phase is also set beside the GEMMs it must run, timed on this machine at the engine's own
+shapes (:func:`gemm_passes`: 24 rows per decode step, micro-batches of ``rollout.n``
+sequences in the update): the part PyTorch's float32 GEMMs alone take there, and the rate they
+reach, which at these skinny shapes is below the square-matmul rate the floor divides by.
+
 Set-ups: ``before`` is the main job as it was before the machine was used fully (the engine on
 one thread, old log-probs recomputed: ``remote_backend.local.threads=1``,
 ``algorithm.rollout_correction.bypass_mode=false``); ``after`` is the main job's defaults.
 
-Usage: ``python -m benchmarks.bench_step_floor [--steps 3] [--setups before,after]`` (about
-5 minutes per set-up on a 2-core machine; needs the model that ``prepare_model.py`` caches).
+Usage: ``python -m benchmarks.bench_step_floor [--steps 3] [--setups before,after]
+[--keep-metrics DIR] [--from-metrics DIR/after.metrics.jsonl ...]`` (about 5 minutes per set-up
+on a 2-core machine; needs the model that ``prepare_model.py`` caches; ``--from-metrics``
+compares kept runs of this machine without running the job again).
 """
 
 from __future__ import annotations
@@ -131,6 +138,86 @@ def prefill_floor(model_path: str, shape: StepShape, rates: MachineRates) -> flo
     return prompt_tflops * 1e12 / rates.matmul_flops
 
 
+#: One GEMM of a phase: (rows of the input, the weight's out_features, its in_features).
+Gemm = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class GemmPass:
+    """A pass through the model's linear layers at the rows the engine feeds them: ``gemms`` in
+    module order, each with its gradient's two GEMMs (input and weight) when ``backward``, the
+    whole pass repeated ``times``."""
+
+    gemms: tuple[Gemm, ...]
+    times: int
+    backward: bool = False
+
+
+def gemm_passes(model_path: str, shape: StepShape, *, micro_rows: int) -> dict[str, GemmPass]:
+    """The float32 GEMMs each phase must run, at the engine's own shapes (keyed like
+    ``timing_s/*``). Attention, norms and the sampler's draws are left out: this is the part a
+    faster engine could not avoid with PyTorch's CPU GEMMs.
+
+    * ``gen``: the prefill of each distinct prompt once (its rows: ``samples / samples_per_prompt``
+      prompts' tokens; the vocabulary projection only for each prompt's last token), then
+      ``decode_steps`` steps of ``samples`` rows;
+    * ``update_actor``: ``samples / micro_rows`` micro-batches of ``micro_rows`` sequences (the
+      vocabulary projection only for their response tokens, as the engine computes it), forward
+      and backward.
+    """
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_path)
+    linears = [(m.out_features, m.in_features) for m in _meta_model(config).modules() if _is_linear(m)]
+    body, head = linears[:-1], linears[-1]  # causal LMs end with the vocabulary projection
+    if head[0] != config.vocab_size:
+        raise ValueError(f"{model_path}: the last linear layer {head} is not the vocabulary projection")
+
+    def through(rows: int, head_rows: int) -> tuple[Gemm, ...]:
+        return tuple((rows, out_f, in_f) for out_f, in_f in body) + ((head_rows, *head),)
+
+    prompts = max(1, round(shape.samples / shape.samples_per_prompt))
+    micro_tokens = round(micro_rows * (shape.prompt_tokens + shape.response_tokens))
+    return {
+        "gen_prefill": GemmPass(through(round(prompts * shape.prompt_tokens), prompts), times=1),
+        "gen_decode": GemmPass(through(shape.samples, shape.samples), times=shape.decode_steps),
+        "update_actor": GemmPass(
+            through(micro_tokens, round(micro_rows * shape.response_tokens)),
+            times=max(1, round(shape.samples / micro_rows)),
+            backward=True,
+        ),
+    }
+
+
+def gemm_seconds(gemm_pass: GemmPass, *, repeats: int = 3) -> float:
+    """Seconds of ``gemm_pass`` on this machine: the best of ``repeats`` timed passes (one
+    distinct random float32 weight per GEMM, so weights stream from memory as the model's do),
+    times ``gemm_pass.times``."""
+    import torch
+
+    weights = [torch.randn(out_f, in_f) for _, out_f, in_f in gemm_pass.gemms]
+    inputs = {(rows, in_f): torch.randn(rows, in_f) for rows, _, in_f in gemm_pass.gemms}
+    grads = {(rows, out_f): torch.randn(rows, out_f) for rows, out_f, _ in gemm_pass.gemms}
+    best = float("inf")
+    for _ in range(repeats + 1):  # the first pass warms up
+        start = time.perf_counter()
+        for (rows, out_f, in_f), weight in zip(gemm_pass.gemms, weights):
+            x = inputs[(rows, in_f)]
+            torch.nn.functional.linear(x, weight)
+            if gemm_pass.backward:
+                grad = grads[(rows, out_f)]
+                torch.mm(grad, weight)  # the input's gradient
+                torch.mm(grad.t(), x)  # the weight's gradient
+        best = min(best, time.perf_counter() - start)
+    return best * gemm_pass.times
+
+
+def _is_linear(module: Any) -> bool:
+    import torch
+
+    return isinstance(module, torch.nn.Linear)
+
+
 def _meta_model(config: Any) -> Any:
     """The model built on the meta device (no memory): only its parameter count is read."""
     import torch
@@ -152,8 +239,7 @@ def run_main_job(workdir: Path, setup: str, model_path: str, *, steps: int) -> l
         raise RuntimeError(
             f"main job ({setup}) failed (rc={proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
         )
-    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return [row for row in rows if "timing_s/step" in row["data"]]
+    return _read_steps(workdir / "metrics.jsonl")
 
 
 def _median(steps: list[dict[str, Any]], key: str) -> Optional[float]:
@@ -166,20 +252,8 @@ def compare(
 ) -> list[Result]:
     """Result lines of one set-up: each phase and the step, measured vs floor (``rollout_n``:
     the run's samples per prompt)."""
-    timed = [row["data"] for row in steps[1:]] or [steps[-1]["data"]]  # the first step warms up
-    samples = int(
-        round(
-            _median(timed, "perf/total_num_tokens")
-            / (_median(timed, "prompt_length/mean") + _median(timed, "response_length/mean"))
-        )
-    )
-    shape = StepShape(
-        samples=samples,
-        prompt_tokens=_median(timed, "prompt_length/mean"),
-        response_tokens=_median(timed, "response_length/mean"),
-        decode_steps=int(_median(timed, "response_length/max")),
-        samples_per_prompt=rollout_n,
-    )
+    timed = _timed_steps(steps)
+    shape = step_shape(timed, rollout_n=rollout_n)
     recompute = _median(timed, "timing_s/old_log_prob") is not None  # absent in bypass mode
     floors = phase_floors(model_path, shape, rates, recompute=recompute)
     prefill_s = prefill_floor(model_path, shape, rates)
@@ -227,18 +301,79 @@ def compare(
     return results
 
 
+def _timed_steps(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [row["data"] for row in steps[1:]] or [steps[-1]["data"]]  # the first step warms up
+
+
+def step_shape(timed: list[dict[str, Any]], *, rollout_n: int) -> StepShape:
+    """The median step's shape from verl's logged metrics (``rollout_n``: samples per prompt)."""
+    samples = int(
+        round(
+            _median(timed, "perf/total_num_tokens")
+            / (_median(timed, "prompt_length/mean") + _median(timed, "response_length/mean"))
+        )
+    )
+    return StepShape(
+        samples=samples,
+        prompt_tokens=_median(timed, "prompt_length/mean"),
+        response_tokens=_median(timed, "response_length/mean"),
+        decode_steps=int(_median(timed, "response_length/max")),
+        samples_per_prompt=rollout_n,
+    )
+
+
+def gemm_flops(gemm_pass: GemmPass) -> float:
+    """FLOPs of ``gemm_pass``: 2 per multiply-add, 3 GEMMs per layer with the backward."""
+    per_pass = sum(2.0 * rows * out_f * in_f for rows, out_f, in_f in gemm_pass.gemms)
+    return per_pass * (3 if gemm_pass.backward else 1) * gemm_pass.times
+
+
+def compare_with_gemms(setup: str, steps: list[dict[str, Any]], model_path: str, *, rollout_n: int = 4) -> list[Result]:
+    """Result lines of one set-up against the GEMMs its phases must run, timed on this machine
+    at the engine's shapes (:func:`gemm_passes`, :func:`gemm_seconds`; the main job's
+    micro-batch is ``rollout_n`` sequences): how much of each phase PyTorch's float32 GEMMs
+    alone take at those shapes, and the rate they reach there."""
+    timed = _timed_steps(steps)
+    passes = gemm_passes(model_path, step_shape(timed, rollout_n=rollout_n), micro_rows=rollout_n)
+    seconds = {name: gemm_seconds(p) for name, p in passes.items()}
+    phases = {"gen": ("gen_prefill", "gen_decode"), "update_actor": ("update_actor",)}
+    results = []
+    for phase, parts in phases.items():
+        measured = _median(timed, f"timing_s/{phase}") or 0.0
+        gemm_s = sum(seconds[p] for p in parts)
+        rate = sum(gemm_flops(passes[p]) for p in parts) / gemm_s
+        results.append(
+            Result(
+                row="8 step floor",
+                case=f"{setup}: {phase} vs its GEMMs alone at the engine's shapes",
+                a=measured,
+                a_label="measured s",
+                b=gemm_s,
+                b_label="GEMMs s",
+                ratio=measured / gemm_s,
+                note=f"the GEMMs run at {rate / 1e9:.0f} GFLOP/s there",
+            )
+        )
+    return results
+
+
 def run(
     *,
     steps: int = 3,
     setups: tuple[str, ...] = ("before", "after"),
     model_path: Optional[str] = None,
     keep_metrics: Optional[Path] = None,
+    from_metrics: tuple[Path, ...] = (),
 ) -> list[Result]:
     """The machine's rates, then the main job once per set-up (the rates are measured first,
-    on an idle machine; the runs follow one after the other). ``keep_metrics``: a folder that
-    receives each set-up's ``<setup>.metrics.jsonl`` (verl's file logger: rewards, timings)."""
+    on an idle machine; the runs follow one after the other), each compared with its floor and
+    with its GEMMs at the engine's shapes (timed after the run, the machine idle again).
+    ``keep_metrics``: a folder that receives each set-up's ``<setup>.metrics.jsonl`` (verl's
+    file logger: rewards, timings). ``from_metrics``: such kept files, compared instead of
+    running the job again (set-up = file name before the first dot; same machine assumed)."""
     model_path = model_path or _cached_model()
-    rates = measure_machine(os.cpu_count() or 1)
+    threads = os.cpu_count() or 1
+    rates = measure_machine(threads)
     results = [
         Result(
             row="8 step floor",
@@ -249,15 +384,28 @@ def run(
             b_label="GB/s",
         )
     ]
-    for setup in setups:
+    # The main job reads ROLLOUT_N from the environment it inherits (default 4).
+    rollout_n = int(os.environ.get("ROLLOUT_N", "4"))
+    runs = [(path.name.split(".")[0], _read_steps(path)) for path in from_metrics]
+    for setup in setups if not from_metrics else ():
         with tempfile.TemporaryDirectory(prefix=f"bench_floor_{setup}_") as workdir:
-            steps_run = run_main_job(Path(workdir), setup, model_path, steps=steps)
+            runs.append((setup, run_main_job(Path(workdir), setup, model_path, steps=steps)))
             if keep_metrics is not None:
                 keep_metrics.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(Path(workdir) / "metrics.jsonl", keep_metrics / f"{setup}.metrics.jsonl")
-            # The main job reads ROLLOUT_N from the environment it inherits (default 4).
-            results += compare(setup, steps_run, model_path, rates, rollout_n=int(os.environ.get("ROLLOUT_N", "4")))
+    import torch
+
+    torch.set_num_threads(threads)  # the GEMMs on every core, as the engine's default runs them
+    for setup, steps_run in runs:
+        results += compare(setup, steps_run, model_path, rates, rollout_n=rollout_n)
+        results += compare_with_gemms(setup, steps_run, model_path, rollout_n=rollout_n)
     return results
+
+
+def _read_steps(metrics: Path) -> list[dict[str, Any]]:
+    """The training steps of a verl file-logger ``metrics.jsonl`` (rows with ``timing_s/step``)."""
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    return [row for row in rows if "timing_s/step" in row["data"]]
 
 
 def _cached_model() -> str:
@@ -273,9 +421,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--setups", default="before,after")
     parser.add_argument("--keep-metrics", type=Path, default=None, help="folder for each run's metrics.jsonl")
+    parser.add_argument(
+        "--from-metrics", type=Path, nargs="*", default=(), help="kept <setup>.metrics.jsonl files to compare, no run"
+    )
     args = parser.parse_args(argv)
     setups = tuple(s for s in args.setups.split(",") if s)
-    results = run(steps=args.steps, setups=setups, keep_metrics=args.keep_metrics)
+    results = run(
+        steps=args.steps, setups=setups, keep_metrics=args.keep_metrics, from_metrics=tuple(args.from_metrics)
+    )
     print(format_table(results))
     return 0
 

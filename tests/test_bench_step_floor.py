@@ -62,3 +62,29 @@ def test_the_step_line_compares_the_step_without_checkpoint_and_validation_to_th
     whole = by_case["after: step without checkpoint/validation"]
     assert whole.a == pytest.approx(7.5) and whole.b == pytest.approx(sum(floors.values()))
     assert whole.met is (whole.ratio <= floor.TARGET)
+
+
+def test_the_gemm_passes_run_every_linear_layer_at_the_rows_the_engine_feeds_it(floor, llama):
+    shape = floor.StepShape(samples=8, prompt_tokens=100, response_tokens=50, decode_steps=60, samples_per_prompt=4)
+    passes = floor.gemm_passes(llama, shape, micro_rows=2)
+    layer = [(64, 64)] * 4 + [(128, 64), (128, 64), (64, 128)]  # q k v o, gate up down (out, in)
+    body = 2 * layer
+    decode = passes["gen_decode"]
+    assert decode.gemms == tuple((8, o, i) for o, i in body) + ((8, 1000, 64),) and decode.times == 60
+    prefill = passes["gen_prefill"]  # 2 distinct prompts of 100 tokens; logits for their last token only
+    assert prefill.gemms == tuple((200, o, i) for o, i in body) + ((2, 1000, 64),) and prefill.times == 1
+    update = passes["update_actor"]  # 4 micro-batches of 2 x 150 tokens; logits for the 2 x 50 response tokens
+    assert update.gemms == tuple((300, o, i) for o, i in body) + ((100, 1000, 64),)
+    assert update.times == 4 and update.backward and not decode.backward
+    per_pass = sum(2 * r * o * i for r, o, i in update.gemms)
+    assert floor.gemm_flops(update) == 3 * 4 * per_pass  # forward + the gradient's two GEMMs, per micro-batch
+    assert floor.gemm_flops(decode) == 60 * sum(2 * r * o * i for r, o, i in decode.gemms)
+
+
+def test_gemm_seconds_times_one_pass_and_scales_it_by_its_repeats(floor):
+    once = floor.GemmPass(gemms=((64, 256, 256), (64, 256, 256)), times=1, backward=True)
+    assert 0 < floor.gemm_seconds(once, repeats=2) < 1.0
+    # a pass repeated 1000 times is counted 1000 times, not timed 1000 times
+    assert floor.gemm_seconds(
+        floor.GemmPass(once.gemms, times=1000, backward=True), repeats=2
+    ) > 100 * floor.gemm_seconds(once, repeats=2)
