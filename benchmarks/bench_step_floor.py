@@ -154,21 +154,23 @@ class GemmPass:
 
 
 def gemm_passes(model_path: str, shape: StepShape, *, micro_rows: int) -> dict[str, GemmPass]:
-    """The float32 GEMMs each phase must run, at the engine's own shapes (keyed like
-    ``timing_s/*``). Attention, norms and the sampler's draws are left out: this is the part a
-    faster engine could not avoid with PyTorch's CPU GEMMs.
+    """The float32 GEMMs each phase must run, at the engine's own shapes. Attention, norms and
+    the sampler's draws are left out: this is the part a faster engine could not avoid with
+    PyTorch's CPU GEMMs.
 
-    * ``gen``: the prefill of each distinct prompt once (its rows: ``samples / samples_per_prompt``
-      prompts' tokens; the vocabulary projection only for each prompt's last token), then
-      ``decode_steps`` steps of ``samples`` rows;
+    * ``gen_prefill``: each distinct prompt once (its rows: ``samples / samples_per_prompt``
+      prompts' tokens; the vocabulary projection only for each prompt's last token);
+    * ``gen_decode``: ``decode_steps`` steps of ``samples`` rows;
     * ``update_actor``: ``samples / micro_rows`` micro-batches of ``micro_rows`` sequences (the
       vocabulary projection only for their response tokens, as the engine computes it), forward
       and backward.
     """
+    import torch
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(model_path)
-    linears = [(m.out_features, m.in_features) for m in _meta_model(config).modules() if _is_linear(m)]
+    modules = _meta_model(config).modules()
+    linears = [(m.out_features, m.in_features) for m in modules if isinstance(m, torch.nn.Linear)]
     body, head = linears[:-1], linears[-1]  # causal LMs end with the vocabulary projection
     if head[0] != config.vocab_size:
         raise ValueError(f"{model_path}: the last linear layer {head} is not the vocabulary projection")
@@ -210,12 +212,6 @@ def gemm_seconds(gemm_pass: GemmPass, *, repeats: int = 3) -> float:
                 torch.mm(grad.t(), x)  # the weight's gradient
         best = min(best, time.perf_counter() - start)
     return best * gemm_pass.times
-
-
-def _is_linear(module: Any) -> bool:
-    import torch
-
-    return isinstance(module, torch.nn.Linear)
 
 
 def _meta_model(config: Any) -> Any:

@@ -662,8 +662,8 @@ class TinkerBackend(RemoteBackend):
 
 def close_sdk_sessions(service: "tinker.ServiceClient") -> None:
     """Stop the background tasks of the SDK sessions ``service`` opened (tinker 0.25: a session
-    heartbeat every few seconds, for the life of the process otherwise, which warns every 10 s
-    once the server is gone). Its sampling and training clients share these sessions, so call
+    heartbeat every 10 s, for the life of the process otherwise, which warns at every beat once
+    the server has been gone for 2 minutes). Its sampling and training clients share these sessions, so call
     this only when they are no longer used. Idempotent; never raises (it runs in teardown)."""
     for name in ("_session_holder", "_rest_holder"):  # the SDK's lazily created holders
         holder = getattr(service, name, None)
