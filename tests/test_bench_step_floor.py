@@ -64,6 +64,22 @@ def test_the_step_line_compares_the_step_without_checkpoint_and_validation_to_th
     assert whole.met is (whole.ratio <= floor.TARGET)
 
 
+def test_checkpoint_and_validation_seconds_come_off_only_the_steps_that_spent_them(floor, llama):
+    """A run that saves every second step and validates at its last: the step line is the median
+    over steps of each step's own compute seconds, not the median step less the median save."""
+    rates = floor.MachineRates(**RATES)
+    base = {
+        "perf/total_num_tokens": 8 * 150, "prompt_length/mean": 100, "response_length/mean": 50,
+        "response_length/max": 60, "timing_s/gen": 3.0, "timing_s/update_actor": 4.0,
+    }  # fmt: skip
+    seconds = [(9.0, {}), (12.0, {"timing_s/save_checkpoint": 4.0}), (8.0, {}), (40.0, {"timing_s/testing": 30.0})]
+    steps = [{"step": 0, "data": dict(base, **{"timing_s/step": 99.0})}]  # warm-up step, left out
+    steps += [{"step": i + 1, "data": dict(base, **{"timing_s/step": t}, **io)} for i, (t, io) in enumerate(seconds)]
+    whole = next(r for r in floor.compare("after", steps, llama, rates) if "step without" in r.case)
+    assert whole.a == pytest.approx(8.5)  # median of 9, 8, 8, 10
+    assert "34.0 s over 4 steps not counted" in whole.note
+
+
 def test_the_gemm_passes_run_every_linear_layer_at_the_rows_the_engine_feeds_it(floor, llama):
     shape = floor.StepShape(samples=8, prompt_tokens=100, response_tokens=50, decode_steps=60, samples_per_prompt=4)
     passes = floor.gemm_passes(llama, shape, micro_rows=2)

@@ -279,4 +279,4 @@ def test_the_engine_process_starts_with_the_malloc_settings_and_keeps_the_caller
         assert env.get(key) == os.environ.get(key, value), (key, env.get(key))
     monkeypatch.setenv("MALLOC_ARENA_MAX", "8")
     assert "MALLOC_ARENA_MAX" not in engine_malloc_env()
-    assert engine_malloc_env()["MALLOC_MMAP_THRESHOLD_"] == ENGINE_MALLOC_ENV["MALLOC_MMAP_THRESHOLD_"]
+    assert engine_malloc_env()["MALLOC_MMAP_MAX_"] == ENGINE_MALLOC_ENV["MALLOC_MMAP_MAX_"]

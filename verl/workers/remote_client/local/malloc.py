@@ -18,23 +18,26 @@ __all__ = ["ENGINE_MALLOC_ENV", "KEEP_FREE_BYTES", "engine_malloc_env", "free_he
 
 #: glibc malloc settings for the engine's process; Ray starts the process with them (glibc reads
 #: them only when a process starts); a variable already set in the caller's environment wins.
-#: ``MALLOC_ARENA_MAX=2``: every thread that allocates would otherwise get its own heaps (Ray and
-#: ``asyncio.to_thread`` use many), each keeping its own freed memory.
-#: ``MALLOC_MMAP_THRESHOLD_=8 MiB``: blocks from 8 MiB (logits, attention scores, the optimizer's
-#: temporaries) are mapped and unmapped, so they never fragment the heaps; a fixed value also stops
-#: glibc raising the threshold to the largest block freed (up to 32 MiB). Smaller blocks (the
-#: activations of a micro-batch, a few MB each) are reused from the heaps: at 1 MiB they were
-#: mapped afresh each time and the main job's update took 42.1 s instead of 33.3 s (medians;
-#: actor MFU 0.47 against 0.64; SmolLM2-135M, 2 cores; examples/gsm8k_remote/README.md).
-#: ``MALLOC_TRIM_THRESHOLD_=1 GiB``: with a fixed mmap threshold glibc's trim threshold stays at
-#: 128 KiB, so freeing a temporary at the top of a heap gave its pages back at once and the next
-#: one faulted them in again (an elementwise op on ``[24, 49152]`` logits took 1.5 ms instead of
-#: 0.2 ms); the heaps now keep their free memory during a call, and after it
-#: :func:`release_freed_memory` hands it back once more than :data:`KEEP_FREE_BYTES` are free.
+#: ``MALLOC_ARENA_MAX=1`` and ``MALLOC_MMAP_MAX_=0``: every block, whatever its size and whichever
+#: thread asks, comes from the one main heap, and a freed block is reused by the next allocation
+#: of the call instead of being unmapped. Otherwise the blocks above the mmap threshold (a
+#: micro-batch's vocabulary logits and their gradients, 70-115 MB each on SmolLM2-135M, the
+#: optimizer's temporaries) are mapped afresh and page-faulted in on every use, and the compute
+#: thread's own arena hands its 64 MiB heaps back whenever they empty. In the engine actor the
+#: update of the main job's batch (24 rows, micro-batches of 4) took 2.0M page faults and
+#: 32.5-35.9 s with ``MALLOC_ARENA_MAX=2, MALLOC_MMAP_THRESHOLD_=8 MiB``, 0.72-0.85M and 31.0-33.1 s
+#: with these two (trim threshold 1 GiB; ``sys`` time 6-8 s against 3-5 s). Earlier: a 1 MiB mmap
+#: threshold made that update 42.1 s instead of 33.3 s.
+#: ``MALLOC_TRIM_THRESHOLD_=4 GiB`` (:data:`KEEP_FREE_BYTES`): freeing a block at the top of the
+#: heap would otherwise give its pages back at once (glibc's default: 128 KiB) and the next one
+#: would fault them in again (an elementwise op on ``[24, 49152]`` logits took 1.5 ms instead of 0.2 ms); the heap keeps
+#: its free memory during a call, and after it :func:`release_freed_memory` hands it back once
+#: more than :data:`KEEP_FREE_BYTES` are free, whole free pages inside the heap included, so a
+#: heap that cannot shrink from the top still does not hold resident memory.
 ENGINE_MALLOC_ENV = {
-    "MALLOC_ARENA_MAX": "2",
-    "MALLOC_MMAP_THRESHOLD_": str(8 << 20),
-    "MALLOC_TRIM_THRESHOLD_": str(1 << 30),
+    "MALLOC_ARENA_MAX": "1",
+    "MALLOC_MMAP_MAX_": "0",
+    "MALLOC_TRIM_THRESHOLD_": str(4 << 30),
 }
 
 
@@ -43,11 +46,13 @@ def engine_malloc_env() -> dict[str, str]:
     return {key: value for key, value in ENGINE_MALLOC_ENV.items() if key not in os.environ}
 
 
-#: Free memory the heaps may keep between calls: below it nothing is handed back, so the next
-#: call reuses it without faulting its pages in again; above it everything free is handed back.
-#: (On the main job, trimming after every call and trimming above 1 GiB gave the same step times
-#: within their run-to-run spread; the engine peaked at 8.4 and 8.2 GB.)
-KEEP_FREE_BYTES = 1 << 30
+#: Free memory the heap may keep between calls: below it nothing is handed back, so the next call
+#: reuses it without faulting its pages in again; above it everything free is handed back. The
+#: main job's update works in ~2.5 GB; kept at 1 GiB, every update faulted it in again in its first
+#: 10-15 s (up to 80k faults/s, ~70 % of a core in the kernel on this VM) and steps 1-3 took
+#: 38.6, 38.1 and 36.0 s; kept at 4 GiB, 38.8, 33.2 and 30.5 s, and the whole default job peaked at
+#: 8.5 GB (8.2 GB at 1 GiB with blocks from 8 MiB mapped).
+KEEP_FREE_BYTES = 4 << 30
 
 
 _MALLINFO2_FIELDS = (
