@@ -36,7 +36,7 @@ def test_every_torch_call_of_the_engine_actor_runs_on_the_thread_that_built_the_
     tiny_model_dir, tmp_path, monkeypatch
 ):
     """torch's OpenMP runtime gives each thread that computes its own team of workers, and more
-    teams than cores slowed the main job's update by 17 % (``EngineActor._compute``): the
+    teams than cores slowed an update of the main job's shape by 17 % (``EngineActor._compute``): the
     engine's construction, sampling, log-probs, update, weight sync and checkpoint all run on
     one thread, and never on the event loop's."""
     from verl.workers.remote_client.local import actor as actor_module

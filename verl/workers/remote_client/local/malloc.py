@@ -16,6 +16,15 @@ from typing import Optional
 
 __all__ = ["ENGINE_MALLOC_ENV", "KEEP_FREE_BYTES", "engine_malloc_env", "free_heap_bytes", "release_freed_memory"]
 
+#: Free memory the heap may keep between calls: below it nothing is handed back, so the next call
+#: reuses it without faulting its pages in again; above it everything free is handed back. The
+#: main job's update works in ~2.5 GB; kept at 1 GiB, every update faulted it in again in its first
+#: 10-15 s (up to 80k faults/s, ~70 % of a core in the kernel on this VM) and steps 1-3 took
+#: 38.6, 38.1 and 36.0 s; kept at 4 GiB, 38.8, 33.2 and 30.5 s, and the whole default job peaked at
+#: 8.5 GB (8.2 GB at 1 GiB with blocks from 8 MiB mapped).
+KEEP_FREE_BYTES = 4 << 30
+
+
 #: glibc malloc settings for the engine's process; Ray starts the process with them (glibc reads
 #: them only when a process starts); a variable already set in the caller's environment wins.
 #: ``MALLOC_ARENA_MAX=1`` and ``MALLOC_MMAP_MAX_=0``: every block, whatever its size and whichever
@@ -30,29 +39,20 @@ __all__ = ["ENGINE_MALLOC_ENV", "KEEP_FREE_BYTES", "engine_malloc_env", "free_he
 #: threshold made that update 42.1 s instead of 33.3 s.
 #: ``MALLOC_TRIM_THRESHOLD_=4 GiB`` (:data:`KEEP_FREE_BYTES`): freeing a block at the top of the
 #: heap would otherwise give its pages back at once (glibc's default: 128 KiB) and the next one
-#: would fault them in again (an elementwise op on ``[24, 49152]`` logits took 1.5 ms instead of 0.2 ms); the heap keeps
-#: its free memory during a call, and after it :func:`release_freed_memory` hands it back once
+#: would fault them in again (an elementwise op on ``[24, 49152]`` logits took 1.5 ms instead of
+#: 0.2 ms); the heap keeps its free memory during a call, and after it :func:`release_freed_memory` hands it back once
 #: more than :data:`KEEP_FREE_BYTES` are free, whole free pages inside the heap included, so a
 #: heap that cannot shrink from the top still does not hold resident memory.
 ENGINE_MALLOC_ENV = {
     "MALLOC_ARENA_MAX": "1",
     "MALLOC_MMAP_MAX_": "0",
-    "MALLOC_TRIM_THRESHOLD_": str(4 << 30),
+    "MALLOC_TRIM_THRESHOLD_": str(KEEP_FREE_BYTES),
 }
 
 
 def engine_malloc_env() -> dict[str, str]:
     """:data:`ENGINE_MALLOC_ENV` without the variables the caller's environment already sets."""
     return {key: value for key, value in ENGINE_MALLOC_ENV.items() if key not in os.environ}
-
-
-#: Free memory the heap may keep between calls: below it nothing is handed back, so the next call
-#: reuses it without faulting its pages in again; above it everything free is handed back. The
-#: main job's update works in ~2.5 GB; kept at 1 GiB, every update faulted it in again in its first
-#: 10-15 s (up to 80k faults/s, ~70 % of a core in the kernel on this VM) and steps 1-3 took
-#: 38.6, 38.1 and 36.0 s; kept at 4 GiB, 38.8, 33.2 and 30.5 s, and the whole default job peaked at
-#: 8.5 GB (8.2 GB at 1 GiB with blocks from 8 MiB mapped).
-KEEP_FREE_BYTES = 4 << 30
 
 
 _MALLINFO2_FIELDS = (
