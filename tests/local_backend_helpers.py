@@ -5,12 +5,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from verl.remote_backend.testing.batches import PAD_ID, dense_rollout_batch, random_rollouts, to_no_padding
+from verl.remote_backend.testing.batches import (
+    PAD_ID,
+    dense_rollout_batch,
+    random_rollouts,
+    random_update_batch,
+    to_no_padding,
+)
 
 __all__ = [
     "PAD_ID",
     "dense_rollout_batch",
     "random_rollouts",
+    "random_update_batch",
     "to_no_padding",
     "engine_info",
     "engine_settings",

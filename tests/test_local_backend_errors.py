@@ -72,6 +72,7 @@ def test_backend_creation_fails_before_starting_ray_on_a_bad_path():
         ({"device": "tpu"}, r"remote_backend.local.device='tpu': must be one of"),
         ({"dtype": "float64"}, r"remote_backend.local.dtype='float64': must be one of"),
         ({"max_batch_size": 0}, r"remote_backend.local.max_batch_size=0: must be >= 1"),
+        ({"heap_keep_free_gib": -1}, r"remote_backend.local.heap_keep_free_gib=-1: must be >= 0"),
         ({"attn_implementation": "flash_attention_2"}, r"flash attention needs device=cuda"),
     ],
 )

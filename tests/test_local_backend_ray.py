@@ -12,6 +12,7 @@ from local_backend_helpers import (
     engine_info,
     main_config,
     random_rollouts,
+    random_update_batch,
     to_no_padding,
 )
 from support.aio import run_async as run
@@ -23,7 +24,16 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def cfg(tiny_model_dir):
-    return main_config(tiny_model_dir, ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, use_kl_loss=True)
+    from omegaconf import open_dict
+
+    cfg = main_config(tiny_model_dir, ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, use_kl_loss=True)
+    with open_dict(cfg):
+        cfg.remote_backend.local.heap_keep_free_gib = HEAP_KEEP_FREE_GIB
+    return cfg
+
+
+#: not the default (4), so the malloc test sees the setting reach the engine's process
+HEAP_KEEP_FREE_GIB = 0.75
 
 
 @pytest.fixture(scope="module")
@@ -33,26 +43,6 @@ def backend(ray_session, cfg):
     b = RemoteBackendRegistry.create("local", cfg)
     yield b
     asyncio.run(b.destroy())
-
-
-def _update_batch(seed=0):
-    prompts, responses = random_rollouts(8, seed=seed)
-    dense = dense_rollout_batch(prompts, responses)
-    mask = dense["response_mask"].float()
-    g = torch.Generator().manual_seed(seed)
-    dense["old_log_probs"] = -6.2 * mask
-    dense["ref_log_prob"] = -6.2 * mask
-    dense["advantages"] = torch.randn(8, 1, generator=g).expand_as(mask) * mask
-    return to_no_padding(
-        dense,
-        mini_batch_size=4,
-        global_batch_size=4,
-        epochs=1,
-        seed=42,
-        dataloader_kwargs={"shuffle": False},
-        calculate_entropy=False,
-        temperature=1.0,
-    )
 
 
 def test_contract_ops_through_the_ray_actor(backend, cfg, tiny_model_dir):
@@ -78,7 +68,7 @@ def test_contract_ops_through_the_ray_actor(backend, cfg, tiny_model_dir):
     )
     assert ref.entropy is None
 
-    batch = _update_batch()
+    batch = random_update_batch(8, seed=0, mini_batch_size=4, with_ref=True)
     # actor_config as verl's worker passes it: the DictConfig block
     upd = run(
         backend.update_actor(
@@ -130,14 +120,22 @@ def test_samples_of_one_prompt_in_a_burst_are_prefilled_once_and_the_next_update
     # the update reports the sampler's prefill work since the previous update (this burst included)
     upd = run(
         backend.update_actor(
-            _update_batch(), actor_config=cfg.actor_rollout_ref.actor, pad_token_id=0, rollout_n=1, temperature=1.0
+            random_update_batch(8, seed=0, mini_batch_size=4, with_ref=True),
+            actor_config=cfg.actor_rollout_ref.actor,
+            pad_token_id=0,
+            rollout_n=1,
+            temperature=1.0,
         )
     )
     assert upd.metrics["sampler_rows_sharing_a_prefill"] >= delta["prefill_rows_shared"]
     assert upd.metrics["sampler_prefill_tokens"] >= delta["prefill_tokens"]
     again = run(
         backend.update_actor(
-            _update_batch(), actor_config=cfg.actor_rollout_ref.actor, pad_token_id=0, rollout_n=1, temperature=1.0
+            random_update_batch(8, seed=0, mini_batch_size=4, with_ref=True),
+            actor_config=cfg.actor_rollout_ref.actor,
+            pad_token_id=0,
+            rollout_n=1,
+            temperature=1.0,
         )
     )
     assert again.metrics["sampler_prefill_tokens"] == again.metrics["sampler_rows_sharing_a_prefill"] == 0.0
@@ -265,8 +263,8 @@ def test_the_engine_reports_the_threads_it_was_sized_to(backend, cfg, threads):
 
 def test_the_engine_process_starts_with_the_malloc_settings_and_keeps_the_callers_own(backend, monkeypatch):
     """glibc reads ``MALLOC_*`` only when a process starts, so Ray must start the engine's process
-    with them (``ENGINE_MALLOC_ENV``; the memory they save is measured on the main job, not here);
-    a value the caller's environment already sets wins."""
+    with them (``ENGINE_MALLOC_ENV``, the trim threshold at ``heap_keep_free_gib``; the memory they
+    save is measured on the main job, not here); a value the caller's environment already sets wins."""
     import os
     from pathlib import Path
 
@@ -275,7 +273,8 @@ def test_the_engine_process_starts_with_the_malloc_settings_and_keeps_the_caller
     info = run(engine_info(backend))
     raw = Path(f"/proc/{info['pid']}/environ").read_bytes().decode(errors="replace")
     env = dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
-    for key, value in ENGINE_MALLOC_ENV.items():
+    expected = {**ENGINE_MALLOC_ENV, "MALLOC_TRIM_THRESHOLD_": str(int(HEAP_KEEP_FREE_GIB * (1 << 30)))}
+    for key, value in expected.items():
         assert env.get(key) == os.environ.get(key, value), (key, env.get(key))
     monkeypatch.setenv("MALLOC_ARENA_MAX", "8")
     assert "MALLOC_ARENA_MAX" not in engine_malloc_env()

@@ -28,7 +28,7 @@ import psutil
 import pytest
 import torch
 from arctic_standin.harness import mid_call_batch
-from local_backend_helpers import dense_rollout_batch, engine_info, random_rollouts, to_no_padding
+from local_backend_helpers import dense_rollout_batch, engine_info, random_rollouts, random_update_batch, to_no_padding
 from remote_e2e import _tree, build_gsm8k, compose, external_modules_env, small_ci_overrides
 from support.aio import FaultTimer, call_then_inject, run_async
 from support.forwarder import in_process_forwarder
@@ -105,16 +105,10 @@ def shared(ray_session, tiny_model_dir):
 
 
 def update_batch(n=16, epochs=1, seed=0):
-    prompts, responses = random_rollouts(n, seed=seed, prompt_len=(20, 40), response_len=(20, 40))
-    dense = dense_rollout_batch(prompts, responses)
-    mask = dense["response_mask"].float()
-    g = torch.Generator().manual_seed(seed)
-    dense["old_log_probs"] = -6.2 * mask
-    dense["advantages"] = torch.randn(n, 1, generator=g).expand_as(mask) * mask
-    return to_no_padding(
-        dense, mini_batch_size=4, global_batch_size=4, epochs=epochs, seed=42,
-        dataloader_kwargs={"shuffle": False}, calculate_entropy=False, temperature=1.0,
-    )  # fmt: skip
+    """Longer rows than the default (20-40 tokens each side), so a call lasts long enough to be hit."""
+    return random_update_batch(
+        n, seed=seed, mini_batch_size=4, epochs=epochs, prompt_len=(20, 40), response_len=(20, 40)
+    )
 
 
 def log_prob_batch(n=4, seed=1):

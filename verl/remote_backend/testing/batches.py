@@ -9,7 +9,7 @@ from typing import Any, Optional, Sequence
 import torch
 from tensordict import TensorDict
 
-__all__ = ["PAD_ID", "dense_rollout_batch", "to_no_padding", "random_rollouts"]
+__all__ = ["PAD_ID", "dense_rollout_batch", "to_no_padding", "random_rollouts", "random_update_batch"]
 
 #: pad id of the padded layout (masked out everywhere, so any id works)
 PAD_ID = 0
@@ -84,3 +84,41 @@ def random_rollouts(
         prompts.append(torch.randint(3, vocab, (lp,), generator=g).tolist())
         responses.append(torch.randint(3, vocab, (lr,), generator=g).tolist())
     return prompts, responses
+
+
+def random_update_batch(
+    n: int,
+    *,
+    seed: int,
+    mini_batch_size: int,
+    epochs: int = 1,
+    advantages: Optional[Sequence[float]] = None,
+    with_ref: bool = False,
+    **rollout_shape: Any,
+) -> TensorDict:
+    """What verl's forwarder sends ``update_actor``: ``n`` random rollouts (:func:`random_rollouts`
+    with ``seed`` and ``rollout_shape``) with one advantage per sequence (``advantages``, or
+    standard normal draws from ``seed``: rewards that vary), old log-probs of -6.2 on every
+    response token (and reference log-probs equal to them when ``with_ref``), in mini-batches of
+    ``mini_batch_size`` rows taken in order, ``epochs`` passes, temperature 1, no entropy."""
+    prompts, responses = random_rollouts(n, seed=seed, **rollout_shape)
+    dense = dense_rollout_batch(prompts, responses)
+    mask = dense["response_mask"].float()
+    if advantages is None:
+        per_row = torch.randn(n, 1, generator=torch.Generator().manual_seed(seed))
+    else:
+        per_row = torch.tensor(advantages, dtype=torch.float32)[:, None]
+    dense["old_log_probs"] = -6.2 * mask
+    if with_ref:
+        dense["ref_log_prob"] = -6.2 * mask
+    dense["advantages"] = per_row.expand_as(mask) * mask
+    return to_no_padding(
+        dense,
+        mini_batch_size=mini_batch_size,
+        global_batch_size=mini_batch_size,
+        epochs=epochs,
+        seed=0,
+        dataloader_kwargs={"shuffle": False},
+        calculate_entropy=False,
+        temperature=1.0,
+    )

@@ -63,6 +63,7 @@ class EngineActor:
         # A constructor error would surface as Ray's generic "actor died"; keep it and
         # raise it from info() instead, so the client can re-raise the engine's own error.
         self.init_error: Optional[BaseException] = None
+        self._heap_keep_free_bytes = settings.backend.heap_keep_free_bytes
         self._compute_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="engine-compute")
         # sized before the engine measures its peak
         self.threads = self._compute_thread.submit(use_threads, settings.backend.threads).result()
@@ -115,7 +116,7 @@ class EngineActor:
         self, data: Any, *, ref: bool, calculate_entropy: bool, temperature: float
     ) -> LogProbWire:
         result = await self._compute(
-            _then_release,
+            self._then_release,
             functools.partial(
                 _timed,
                 self.engine.compute_log_prob,
@@ -135,7 +136,7 @@ class EngineActor:
         differ between two runs with the same seeds; what the rows sample does not."""
         fn = functools.partial(_timed, self.engine.update_actor, data, actor_config, temperature=temperature)
         if not self.engine.shares_sampler_weights:
-            result = await self._compute(_then_release, fn)
+            result = await self._compute(self._then_release, fn)
         else:
             result = await self._with_sampler_drained(fn)
         result.metrics.update(self._prefill_since_last_update())
@@ -151,7 +152,7 @@ class EngineActor:
         }
 
     async def save_checkpoint(self, path: str, step: Optional[int]) -> str:
-        return await self._compute(_then_release, functools.partial(self.engine.save_checkpoint, path, step))
+        return await self._compute(self._then_release, functools.partial(self.engine.save_checkpoint, path, step))
 
     async def load_checkpoint(self, path: str, step: Optional[int]) -> dict:
         return await self._with_sampler_drained(functools.partial(self.engine.load_checkpoint, path, step))
@@ -179,7 +180,7 @@ class EngineActor:
         try:
             while len(self._batch) or self._step_in_flight:
                 await asyncio.sleep(0.002)
-            return await self._compute(_then_release, fn)
+            return await self._compute(self._then_release, fn)
         finally:
             self._admission_paused -= 1
             if self._wakeup is not None:
@@ -228,7 +229,16 @@ class EngineActor:
                 if not fut.done():
                     fut.set_result(result)
             if finished and not len(self._batch):  # the burst is decoded: its KV cache was freed
-                await self._compute(release_freed_memory)
+                await self._compute(release_freed_memory, self._heap_keep_free_bytes)
+
+    def _then_release(self, fn: Callable[[], T]) -> T:
+        """``fn()``, then hand the memory it freed back to the system once more than
+        ``heap_keep_free_gib`` is free (:func:`release_freed_memory`), so that the engine's
+        resident memory does not grow from call to call. Runs on the compute thread."""
+        try:
+            return fn()
+        finally:
+            release_freed_memory(self._heap_keep_free_bytes)
 
     async def _gather_burst(self, gap_s: float, limit: int) -> None:
         """Wait while a burst is still arriving: until ``gap_s`` passes without a new request,
@@ -251,15 +261,6 @@ def _timed(op: Callable[..., R], *args: Any, **kwargs: Any) -> R:
     result = op(*args, **kwargs)
     result.compute_s = time.perf_counter() - start
     return result
-
-
-def _then_release(fn: Callable[[], T]) -> T:
-    """``fn()``, then hand the memory it freed back to the system (:func:`release_freed_memory`),
-    so that the engine's resident memory does not grow from call to call."""
-    try:
-        return fn()
-    finally:
-        release_freed_memory()
 
 
 def remote_engine_class():

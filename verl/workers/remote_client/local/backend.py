@@ -141,7 +141,7 @@ class LocalBackend(RemoteBackend):
                     f"does not have (cluster resources: {_resource_summary(ray.cluster_resources())}). Fix: set "
                     "remote_backend.local.device=cpu, or join a cluster with a GPU node (ray_kwargs.ray_init.address)"
                 )
-        options["runtime_env"] = {"env_vars": engine_malloc_env()}
+        options["runtime_env"] = {"env_vars": engine_malloc_env(cfg.heap_keep_free_bytes)}
         actor = remote_engine_class().options(**options).remote(settings)
         try:
             info = ray.get(actor.info.remote())

@@ -45,6 +45,12 @@ class LocalBackendConfig:
     batch_wait_ms: float = setting(5.0, ge=0)
     max_model_len: Optional[int] = setting(None, ge=2, fix="set it >= 2, or null to use the model's context")
     seed: int = 0
+    heap_keep_free_gib: float = setting(4.0, ge=0)
+
+    @property
+    def heap_keep_free_bytes(self) -> int:
+        """``heap_keep_free_gib`` in bytes: what the engine's C heap may keep free between calls."""
+        return int(self.heap_keep_free_gib * (1 << 30))
 
     def __post_init__(self) -> None:
         if self.attn_implementation.startswith("flash") and self.device != "cuda":

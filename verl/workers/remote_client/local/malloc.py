@@ -16,7 +16,8 @@ from typing import Optional
 
 __all__ = ["ENGINE_MALLOC_ENV", "KEEP_FREE_BYTES", "engine_malloc_env", "free_heap_bytes", "release_freed_memory"]
 
-#: Free memory the heap may keep between calls: below it nothing is handed back, so the next call
+#: Free memory the heap may keep between calls by default (``remote_backend.local.heap_keep_free_gib``
+#: sets it): below it nothing is handed back, so the next call
 #: reuses it without faulting its pages in again; above it everything free is handed back. The
 #: main job's update works in ~2.5 GB; kept at 1 GiB, every update faulted it in again in its first
 #: 10-15 s (up to 80k faults/s, ~70 % of a core in the kernel on this VM) and steps 1-3 took
@@ -50,9 +51,12 @@ ENGINE_MALLOC_ENV = {
 }
 
 
-def engine_malloc_env() -> dict[str, str]:
-    """:data:`ENGINE_MALLOC_ENV` without the variables the caller's environment already sets."""
-    return {key: value for key, value in ENGINE_MALLOC_ENV.items() if key not in os.environ}
+def engine_malloc_env(keep_free_bytes: int = KEEP_FREE_BYTES) -> dict[str, str]:
+    """:data:`ENGINE_MALLOC_ENV` with the trim threshold at ``keep_free_bytes`` (the engine's
+    ``remote_backend.local.heap_keep_free_gib``), without the variables the caller's environment
+    already sets."""
+    env = {**ENGINE_MALLOC_ENV, "MALLOC_TRIM_THRESHOLD_": str(keep_free_bytes)}
+    return {key: value for key, value in env.items() if key not in os.environ}
 
 
 _MALLINFO2_FIELDS = (
