@@ -21,6 +21,9 @@ from verl.remote_backend.errors import BackendClosedError
 
 pytestmark = pytest.mark.slow
 
+#: not the default (4), so the malloc test sees the setting reach the engine's process
+HEAP_KEEP_FREE_GIB = 0.75
+
 
 @pytest.fixture(scope="module")
 def cfg(tiny_model_dir):
@@ -30,10 +33,6 @@ def cfg(tiny_model_dir):
     with open_dict(cfg):
         cfg.remote_backend.local.heap_keep_free_gib = HEAP_KEEP_FREE_GIB
     return cfg
-
-
-#: not the default (4), so the malloc test sees the setting reach the engine's process
-HEAP_KEEP_FREE_GIB = 0.75
 
 
 @pytest.fixture(scope="module")

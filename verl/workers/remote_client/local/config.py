@@ -22,6 +22,8 @@ from verl.remote_backend.settings.verl_config import (
     needs_reference,
 )
 
+from .malloc import KEEP_FREE_BYTES
+
 __all__ = ["LocalBackendConfig", "EngineSettings", "DTYPES", "CONFIG_KEY"]
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -45,7 +47,7 @@ class LocalBackendConfig:
     batch_wait_ms: float = setting(5.0, ge=0)
     max_model_len: Optional[int] = setting(None, ge=2, fix="set it >= 2, or null to use the model's context")
     seed: int = 0
-    heap_keep_free_gib: float = setting(4.0, ge=0)
+    heap_keep_free_gib: float = setting(KEEP_FREE_BYTES / (1 << 30), ge=0)
 
     @property
     def heap_keep_free_bytes(self) -> int:
