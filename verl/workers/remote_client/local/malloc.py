@@ -16,11 +16,11 @@ from typing import Optional
 
 __all__ = ["ENGINE_MALLOC_ENV", "KEEP_FREE_BYTES", "engine_malloc_env", "free_heap_bytes", "release_freed_memory"]
 
-#: Free memory the heap may keep between calls by default (``remote_backend.local.heap_keep_free_gib``
-#: sets it): below it nothing is handed back, so the next call
-#: reuses it without faulting its pages in again; above it everything free is handed back. The
-#: main job's update works in ~2.5 GB; kept at 1 GiB, every update faulted it in again in its first
-#: 10-15 s (up to 80k faults/s, ~70 % of a core in the kernel on this VM) and steps 1-3 took
+#: Free memory the heap may keep between calls by default
+#: (``remote_backend.local.heap_keep_free_gib`` sets it): below it nothing is handed back, so the
+#: next call reuses it without faulting its pages in again; above it everything free is handed back.
+#: The main job's update works in ~2.5 GB; kept at 1 GiB, every update faulted it in again in its
+#: first 10-15 s (up to 80k faults/s, ~70 % of a core in the kernel on this VM) and steps 1-3 took
 #: 38.6, 38.1 and 36.0 s; kept at 4 GiB, 38.8, 33.2 and 30.5 s, and the whole default job peaked at
 #: 8.5 GB (8.2 GB at 1 GiB with blocks from 8 MiB mapped).
 KEEP_FREE_BYTES = 4 << 30
@@ -41,9 +41,9 @@ KEEP_FREE_BYTES = 4 << 30
 #: ``MALLOC_TRIM_THRESHOLD_=4 GiB`` (:data:`KEEP_FREE_BYTES`): freeing a block at the top of the
 #: heap would otherwise give its pages back at once (glibc's default: 128 KiB) and the next one
 #: would fault them in again (an elementwise op on ``[24, 49152]`` logits took 1.5 ms instead of
-#: 0.2 ms); the heap keeps its free memory during a call, and after it :func:`release_freed_memory` hands it back once
-#: more than :data:`KEEP_FREE_BYTES` are free, whole free pages inside the heap included, so a
-#: heap that cannot shrink from the top still does not hold resident memory.
+#: 0.2 ms); the heap keeps its free memory during a call, and after it :func:`release_freed_memory`
+#: hands it back once more than :data:`KEEP_FREE_BYTES` are free, whole free pages inside the heap
+#: included, so a heap that cannot shrink from the top still does not hold resident memory.
 ENGINE_MALLOC_ENV = {
     "MALLOC_ARENA_MAX": "1",
     "MALLOC_MMAP_MAX_": "0",
