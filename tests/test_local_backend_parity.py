@@ -446,3 +446,131 @@ def test_shuffled_epochs_from_the_actor_config_match_verl_dp_actor_in_make_itera
     ours = torch.cat([(p.detach() - initial[k]).flatten() for k, p in eng.model.named_parameters()])
     theirs = torch.cat([(legacy_params[k].detach() - initial[k]).flatten() for k in initial])
     assert (ours - theirs).norm() / theirs.norm() < 1e-5
+
+
+def _grouped_rollouts(seed: int) -> tuple[list[list[int]], list[list[int]]]:
+    """GRPO-shaped rows: 3 prompts (17-24 tokens) x 3 samples each, then one row of its own.
+    The first prompt's samples all begin their responses with the same 3 tokens, so their
+    common prefix runs 3 tokens past the prompt."""
+    g = torch.Generator().manual_seed(seed)
+
+    def ids(n: int) -> list[int]:
+        return torch.randint(3, 500, (n,), generator=g).tolist()
+
+    prompts, responses = [], []
+    for length in (17, 24, 20):
+        prompt = ids(length)
+        for _ in range(3):
+            prompts.append(prompt)
+            responses.append(ids(int(torch.randint(2, 10, (1,), generator=g))))
+    responses[0] = ids(5)
+    responses[1] = responses[0][:3] + ids(4)
+    responses[2] = responses[0][:3] + ids(2)
+    prompts.append(ids(19))
+    responses.append(ids(6))
+    return prompts, responses
+
+
+def test_shared_prefix_layout_groups_consecutive_rows_whose_first_tokens_and_positions_match():
+    from verl.workers.remote_client.local.forward import MIN_SHARED_PREFIX, shared_prefix_layout
+
+    assert MIN_SHARED_PREFIX == 16
+    head = list(range(100, 116))  # 16 tokens
+    rows = [head + [1, 2], head + [1, 3, 4], head[:15] + [9, 9], head + [5]]
+    ids = torch.tensor([t for r in rows for t in r])
+    offsets = [0]
+    for r in rows:
+        offsets.append(offsets[-1] + len(r))
+    pos = torch.cat([torch.arange(len(r)) for r in rows])
+    layout = shared_prefix_layout(ids, pos, offsets)
+    # rows 0 and 1 share 17 tokens; row 2 matches only 15 (too short) and starts a group that row 3
+    # cannot join (15 < 16 again)
+    assert layout.groups == [(17, (1, 2)), (17, ()), (17, ())]
+    assert layout.source.numel() == 17 + 1 + 2 + 17 + 17 == ids.numel() - 17
+    torch.testing.assert_close(ids[layout.source][layout.gather], ids, rtol=0, atol=0)
+    torch.testing.assert_close(pos[layout.source][layout.gather], pos, rtol=0, atol=0)
+    shifted = pos.clone()
+    shifted[offsets[1] : offsets[2]] += 1  # same tokens at other positions: nothing in common
+    assert shared_prefix_layout(ids, shifted, offsets) is None
+
+
+@pytest.mark.parametrize("only_response_slots", [False, True], ids=["all-slots", "response-slots"])
+def test_shared_prefixes_run_once_and_give_the_unshared_forwards_values_and_gradients(
+    tiny_model_dir, only_response_slots
+):
+    """share_prefixes: the layers process each group's common prefix once (fewer tokens), and
+    log-probs, entropy and weight gradients equal the row-by-row forward's up to float32 round-off."""
+    from transformers import AutoModelForCausalLM
+
+    from verl.workers.remote_client.local.forward import packed_forward, response_slots, use_packed_rows
+
+    prompts, responses = _grouped_rollouts(seed=5)
+    td = to_no_padding(dense_rollout_batch(prompts, responses))
+    total = td["input_ids"].values().numel()
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa")
+    assert use_packed_rows(model)
+    seen = []
+    model.model.layers[0].mlp.register_forward_hook(lambda m, i, o: seen.append(i[0].shape[:-1].numel()))
+    slots = response_slots(td) if only_response_slots else None
+    weights = torch.randn(total, generator=torch.Generator().manual_seed(1))
+
+    def run(share: bool):
+        model.zero_grad(set_to_none=True)
+        out = packed_forward(model, td["input_ids"], td["position_ids"], temperature=0.7, calculate_entropy=True,
+                             slots=slots, share_prefixes=share)  # fmt: skip
+        (out["log_probs"] * weights).sum().backward()
+        return out, [p.grad.clone() for p in model.parameters()]
+
+    (rowwise, rowwise_grads), (shared, shared_grads) = run(False), run(True)
+    common = [17 + 3, 24, 20]  # per group of 3 rows, held once instead of 3 times
+    assert seen == [total, total - 2 * sum(common)]
+    for key in ("log_probs", "entropy"):
+        torch.testing.assert_close(shared[key], rowwise[key], atol=1e-5, rtol=0)
+    assert rowwise["log_probs"].abs().max() > 1  # not all zeros
+    for got, want in zip(shared_grads, rowwise_grads):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+def test_use_prefix_grouper_gives_the_same_update_and_log_probs_as_the_row_by_row_forward(tiny_model_dir):
+    """verl's actor.use_prefix_grouper=true: update_actor and compute_log_prob run each GRPO
+    group's prompt once and give the same loss, gradient norm, new weights and log-probs as
+    without it (float32 round-off)."""
+    from verl.workers.remote_client.local.config import EngineSettings
+    from verl.workers.remote_client.local.engine import LocalEngine
+
+    prompts, responses = _grouped_rollouts(seed=6)
+    n = len(prompts)
+    g = torch.Generator().manual_seed(6)
+    dense = dense_rollout_batch(prompts, responses)
+    mask = dense["response_mask"].float()
+    dense["old_log_probs"] = -3.0 * torch.rand(mask.shape, generator=g) * mask
+    dense["advantages"] = torch.randn(n, 1, generator=g).expand_as(mask) * mask
+    results = []
+    for grouped in (False, True):
+        cfg = main_config(tiny_model_dir, ppo_mini_batch_size=n, ppo_micro_batch_size_per_gpu=5,
+                          use_prefix_grouper=grouped, **{"optim.optimizer": "SGD", "optim.lr": 0.05})  # fmt: skip
+        eng = LocalEngine(EngineSettings.from_main_config(cfg))
+        assert eng.settings.share_prefixes is grouped
+        seen = []
+        eng.model.model.layers[0].mlp.register_forward_hook(lambda m, i, o: seen.append(i[0].shape[:-1].numel()))
+        td = to_no_padding(dense, mini_batch_size=n, global_batch_size=n, epochs=1, seed=1,
+                           dataloader_kwargs={"shuffle": False}, calculate_entropy=False)  # fmt: skip
+        log_probs = eng.log_probs(td, temperature=0.8)["log_probs"]
+        out = eng.update_actor(td, cfg.actor_rollout_ref.actor, temperature=0.8)
+        params = torch.cat([p.detach().flatten() for p in eng.model.parameters()])
+        results.append((log_probs, out, params, sum(seen)))
+    (lp, base, base_params, tokens), (lp_grouped, grouped, grouped_params, tokens_grouped) = results
+    assert tokens_grouped < tokens
+    torch.testing.assert_close(lp_grouped, lp, atol=1e-5, rtol=0)
+    assert grouped.loss == pytest.approx(base.loss, rel=1e-5)
+    assert grouped.metrics["grad_norm"] == pytest.approx(base.metrics["grad_norm"], rel=1e-5)
+    torch.testing.assert_close(grouped_params, base_params, rtol=1e-5, atol=1e-6)
+    step = (base_params - _initial_params(tiny_model_dir)).norm()
+    assert (grouped_params - base_params).norm() < 1e-4 * step  # far below the update itself
+
+
+def _initial_params(model_dir: str) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return torch.cat([p.detach().flatten() for p in model.parameters()])

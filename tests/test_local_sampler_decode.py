@@ -207,3 +207,43 @@ def test_the_mfu_peak_is_measured_again_before_the_first_training_call_and_the_l
     engine.log_probs({"input_ids": ids})
     assert engine.device_report().peak_flops == reported
     assert len(calls) == 2  # once at start, once before the first training call, never again
+
+
+def test_one_token_attention_equals_sdpa_with_grouped_heads_and_a_padding_mask():
+    """The sampler's decode attention (query heads stacked against their shared key/value head,
+    two matmuls) gives transformers' SDPA result, padding mask included."""
+    from types import SimpleNamespace
+
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from verl.workers.remote_client.local.forward import _decode_attention, _plain_decode
+
+    g = torch.Generator().manual_seed(0)
+    batch, heads, kv_heads, length, dim = 3, 6, 2, 11, 8
+    module = SimpleNamespace(num_key_value_groups=heads // kv_heads, scaling=dim**-0.5, is_causal=True, training=False)
+    query = torch.randn(batch, heads, 1, dim, generator=g)
+    key, value = (torch.randn(batch, kv_heads, length, dim, generator=g) for _ in range(2))
+    mask = torch.ones(batch, 1, 1, length, dtype=torch.bool)
+    mask[0, ..., 7:] = False  # a shorter row: the end of its slots is padding
+    mask[2, ..., :3] = False
+    want = sdpa_attention_forward(module, query, key, value, mask, is_causal=False)[0]
+    got = _decode_attention(module, query, key, value, mask)
+    assert got.shape == want.shape == (batch, 1, heads, dim)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    unmasked = _decode_attention(module, query, key, value, None)
+    assert (unmasked[0] - got[0]).abs().max() > 1e-3  # the mask does hide the padded keys
+    assert _plain_decode(module, mask, {}) and _plain_decode(module, None, {})
+    assert not _plain_decode(module, mask, {"dropout": 0.1}) and not _plain_decode(module, mask.float(), {})
+
+
+def test_sampled_tokens_and_log_probs_do_not_change_with_sdpa_for_the_decode_steps(engine, monkeypatch):
+    from verl.workers.remote_client.local import forward
+
+    params = {"max_tokens": 12, "temperature": 0.8, "logprobs": True}
+    requests = [engine.make_request(p, dict(params, seed=i)) for i, p in enumerate(PROMPTS)]
+    ours = engine.sample(requests)
+    monkeypatch.setattr(forward, "_plain_decode", lambda *args: False)  # every decode step through SDPA
+    theirs = engine.sample(requests)
+    for a, b in zip(ours, theirs):
+        assert a.token_ids == b.token_ids and len(a.token_ids) > 1
+        torch.testing.assert_close(torch.tensor(a.log_probs), torch.tensor(b.log_probs), atol=1e-5, rtol=0)

@@ -95,6 +95,7 @@ cd "$work"
     actor_rollout_ref.actor.optim.lr_warmup_steps="$warmup" \
     actor_rollout_ref.actor.ppo_mini_batch_size="$batch" \
     actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu="$rollout_n" \
+    actor_rollout_ref.actor.use_prefix_grouper="${SHARE_PROMPTS:-true}" \
     actor_rollout_ref.rollout.n="$rollout_n" \
     actor_rollout_ref.rollout.temperature="$temperature" \
     actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu="$rollout_n" \

@@ -84,6 +84,9 @@ class EngineSettings:
         log_prob_micro_batch_size: rows per forward micro-batch in ``log_probs``; ``None`` = whole batch.
         log_prob_use_dynamic_bsz: split forward micro-batches by token budget instead.
         log_prob_max_token_len: token budget per micro-batch when ``log_prob_use_dynamic_bsz``.
+        share_prefixes: run a prefix common to consecutive rows once per forward micro-batch
+            (verl's ``actor_rollout_ref.actor.use_prefix_grouper``; the update reads it from
+            the actor config it is called with).
     """
 
     model_path: str
@@ -97,6 +100,7 @@ class EngineSettings:
     log_prob_micro_batch_size: Optional[int] = None
     log_prob_use_dynamic_bsz: bool = False
     log_prob_max_token_len: int = 16384
+    share_prefixes: bool = False
 
     @classmethod
     def from_main_config(cls, main_config: Any) -> "EngineSettings":
@@ -131,6 +135,7 @@ class EngineSettings:
             log_prob_micro_batch_size=rollout.get("log_prob_micro_batch_size_per_gpu"),
             log_prob_use_dynamic_bsz=bool(rollout.get("log_prob_use_dynamic_bsz", False)),
             log_prob_max_token_len=int(rollout.get("log_prob_max_token_len_per_gpu") or 16384),
+            share_prefixes=bool(select(main_config, "actor_rollout_ref.actor.use_prefix_grouper", False)),
         )
 
 

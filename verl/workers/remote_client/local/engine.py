@@ -216,6 +216,7 @@ class LocalEngine:
                         calculate_entropy=calculate_entropy,
                         pad_token_id=self.pad_token_id,
                         autocast_dtype=self.autocast_dtype,
+                        share_prefixes=s.share_prefixes,
                     )
                     for rows in slices
                 ]

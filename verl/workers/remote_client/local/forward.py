@@ -11,6 +11,7 @@ import contextlib
 import functools
 import inspect
 import threading
+from dataclasses import dataclass
 from typing import Optional, Union
 
 import torch
@@ -20,6 +21,9 @@ from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logit
 
 __all__ = [
     "packed_forward",
+    "shared_prefix_layout",
+    "SharedPrefixLayout",
+    "MIN_SHARED_PREFIX",
     "response_slots",
     "use_packed_rows",
     "PACKED_ROWS_ATTENTION",
@@ -43,6 +47,7 @@ def packed_forward(
     pad_token_id: int = 0,
     autocast_dtype: Optional[torch.dtype] = None,
     slots: Optional[torch.Tensor] = None,
+    share_prefixes: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Run ``model`` on the rows of ``input_ids`` and return packed per-token outputs.
 
@@ -67,6 +72,12 @@ def packed_forward(
             model then projects only their hidden states onto the vocabulary (its own
             ``logits_to_keep`` mask), which is most of the saving when prompts are long:
             the ``[T, V]`` logits and their backward shrink to ``[sum(slots), V]``.
+        share_prefixes: on the packed path, consecutive rows that begin with the same tokens
+            at the same positions (a GRPO group's samples of one prompt) run that common
+            prefix once: its keys and values serve every row of the group, and the backward
+            sums the rows' gradients into it. The same function of the weights (a causal
+            token never sees what follows it), so the results differ from unshared rows by
+            float32 summation order only (:func:`shared_prefix_layout`).
 
     Returns:
         ``{"log_probs": float32 [T], "entropy": float32 [T] (when asked)}``, ``T = sum(L_i)``,
@@ -84,14 +95,21 @@ def packed_forward(
         raise NotImplementedError("the local backend supports 1-D position ids per row (text models) only")
     packed = getattr(model.config, "_attn_implementation", None) == PACKED_ROWS_ATTENTION
     kept = slots is not None and _takes_logits_mask(type(model))
+    layout = None  # the shared-prefix layout of the packed rows, when any prefix is shared
     if packed:  # one [1, T] row, no padding; attention runs row by row (see use_packed_rows)
-        ids = input_ids.values()[None].to(device)
+        ids = input_ids.values().to(device)
         if position_ids is None:
-            pos = torch.cat([torch.arange(int(n), device=device) for n in lengths])[None]
+            pos = torch.cat([torch.arange(int(n), device=device) for n in lengths])
         else:
-            pos = position_ids.values()[None].to(device)
-        keep = slots.to(device=device, dtype=torch.bool)[None] if kept else None
-        inputs = {"input_ids": ids, "position_ids": pos}
+            pos = position_ids.values().to(device)
+        if share_prefixes:
+            layout = shared_prefix_layout(ids, pos, offsets.tolist())
+        if layout is not None:
+            ids, pos = ids[layout.source], pos[layout.source]
+            keep = layout.gather[slots.to(device=device, dtype=torch.bool)] if kept else None
+        else:
+            keep = slots.to(device=device, dtype=torch.bool)[None] if kept else None
+        inputs = {"input_ids": ids[None], "position_ids": pos[None]}
     else:  # right-padded [B, max L_i] with an attention mask
         ids = torch.nested.to_padded_tensor(input_ids, pad_token_id, output_size=(batch, max_len)).to(device)
         valid = torch.arange(max_len, device=device)[None, :] < lengths.to(device)[:, None]
@@ -111,14 +129,17 @@ def packed_forward(
         if autocast_dtype is not None
         else contextlib.nullcontext()
     )
-    _packed_rows.lengths = lengths.tolist() if packed else None
+    if packed:
+        _packed_rows.groups = layout.groups if layout is not None else [(int(n), ()) for n in lengths.tolist()]
     try:
         with ctx:
             logits = model(**inputs, use_cache=False).logits
     finally:
-        _packed_rows.lengths = None
+        _packed_rows.groups = None
     if keep is None:  # [T, V] in input_ids.values() order
-        logits = logits[0] if packed else logits[valid]
+        logits = (logits[0] if layout is None else logits[0][layout.gather]) if packed else logits[valid]
+    elif layout is not None:  # an index keeps [1, K, V]; a mask flattens to [K, V]
+        logits = logits[0]
     logits = logits.float()
 
     total = int(offsets[-1])
@@ -204,20 +225,141 @@ def _packed_rows_attention(
     """transformers' attention-function signature; ``query`` ``[1, H, T, D]`` when packed."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    lengths = getattr(_packed_rows, "lengths", None)
-    if lengths is None:
+    groups = getattr(_packed_rows, "groups", None)
+    if groups is None:
+        if query.shape[2] == 1 and _plain_decode(module, attention_mask, kwargs):
+            return _decode_attention(module, query, key, value, attention_mask), None
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     kwargs.pop("is_causal", None)
-    rows = zip(query.split(lengths, dim=2), key.split(lengths, dim=2), value.split(lengths, dim=2))
-    outs = [sdpa_attention_forward(module, q, k, v, None, is_causal=True, **kwargs)[0] for q, k, v in rows]
+    outs, start = [], 0
+    for prefix, tails in groups:
+        end = start + prefix
+        k_pre, v_pre = key[:, :, start:end], value[:, :, start:end]
+        outs.append(
+            sdpa_attention_forward(module, query[:, :, start:end], k_pre, v_pre, None, is_causal=True, **kwargs)[0]
+        )
+        for tail in tails:  # a row's own tokens see the whole shared prefix, then themselves causally
+            start, end = end, end + tail
+            if tail == 0:
+                continue
+            k_row = torch.cat([k_pre, key[:, :, start:end]], dim=2)
+            v_row = torch.cat([v_pre, value[:, :, start:end]], dim=2)
+            mask = _tail_mask(prefix, tail, query.device)
+            outs.append(
+                sdpa_attention_forward(module, query[:, :, start:end], k_row, v_row, mask, is_causal=False, **kwargs)[0]
+            )
+        start = end
     return torch.cat(outs, dim=1), None  # [1, T, H, D]
+
+
+def _plain_decode(module: torch.nn.Module, attention_mask: Optional[torch.Tensor], kwargs: dict) -> bool:
+    """Whether a one-token call is plain softmax attention :func:`_decode_attention` computes
+    (no dropout, soft-capping, sinks or sliding window; a boolean mask or none)."""
+    if kwargs.get("dropout", 0.0) or kwargs.get("softcap") is not None or kwargs.get("sliding_window") is not None:
+        return False
+    if getattr(module, "sinks", None) is not None or kwargs.get("position_bias") is not None:
+        return False
+    return attention_mask is None or attention_mask.dtype == torch.bool
+
+
+def _decode_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Optional[torch.Tensor],
+) -> torch.Tensor:
+    """Attention of one new token per row, as two batched matmuls: the query heads that share
+    a key/value head are stacked against it (no copy of the cache per query head), and the mask
+    is a plain fill. Inputs ``query [B, H, 1, D]``, ``key``/``value`` ``[B, H_kv, S, D]``, a bool
+    mask broadcastable to ``[B, 1, 1, S]`` (True = attend); returns ``[B, 1, H, D]``. The
+    sampler's decode steps run it: at 1 query token SDPA's fixed cost per call is most of the work.
+    """
+    batch, heads, _, dim = query.shape
+    kv_heads = key.shape[1]
+    scaling = getattr(module, "scaling", None) or dim**-0.5
+    grouped = query.reshape(batch, kv_heads, heads // kv_heads, dim)  # [B, H_kv, G, D]
+    scores = torch.matmul(grouped, key.transpose(-1, -2)) * scaling  # [B, H_kv, G, S]
+    if attention_mask is not None:
+        scores = scores.masked_fill(~attention_mask[..., -1:, : key.shape[2]], float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    return torch.matmul(probs, value).reshape(batch, 1, heads, dim)
+
+
+def _tail_mask(prefix: int, tail: int, device: torch.device) -> torch.Tensor:
+    """Bool ``[1, 1, tail, prefix + tail]``: True where a tail token may attend (the prefix, then causal)."""
+    query_at = torch.arange(tail, device=device)[:, None] + prefix
+    return (torch.arange(prefix + tail, device=device)[None, :] <= query_at)[None, None]
 
 
 def _packed_rows_mask(*args, **kwargs):
     """No mask for a packed call (each row is causal on its own); ``sdpa``'s mask otherwise."""
     from transformers.masking_utils import sdpa_mask
 
-    return None if getattr(_packed_rows, "lengths", None) is not None else sdpa_mask(*args, **kwargs)
+    return None if getattr(_packed_rows, "groups", None) is not None else sdpa_mask(*args, **kwargs)
+
+
+#: Rows share a prefix only when it is at least this many tokens: a shorter one saves less
+#: than its extra attention calls cost.
+MIN_SHARED_PREFIX = 16
+
+
+@dataclass(frozen=True)
+class SharedPrefixLayout:
+    """Packed rows rearranged so that each group of rows with a common prefix holds it once.
+
+    Attributes:
+        groups: in layout order, ``(prefix_len, tail_lens)`` per group: the prefix's slots,
+            then each member row's remaining slots. A row sharing nothing is ``(len, ())``.
+        source: long ``[T']``: the original packed slot each layout slot is copied from.
+        gather: long ``[T]``: the layout slot that holds each original slot (prefix slots
+            repeat across the group's rows).
+    """
+
+    groups: list[tuple[int, tuple[int, ...]]]
+    source: torch.Tensor
+    gather: torch.Tensor
+
+
+def shared_prefix_layout(ids: torch.Tensor, pos: torch.Tensor, offsets: list[int]) -> Optional[SharedPrefixLayout]:
+    """Group consecutive packed rows by their common prefix; ``None`` when no row shares one.
+
+    ``ids``/``pos`` are the packed ``[T]`` token and position ids, ``offsets`` the ``B + 1``
+    row boundaries. A row joins the current group when its first :data:`MIN_SHARED_PREFIX`
+    or more tokens (ids and positions both) equal the group's first row's; the group's
+    prefix is the shortest such match among its rows, so every row holds it exactly.
+    """
+    rows = len(offsets) - 1
+    groups: list[tuple[int, list[int]]] = []  # (prefix_len, member rows)
+    for row in range(rows):
+        if groups:
+            prefix, members = groups[-1]
+            first = members[0]
+            a, b = offsets[first], offsets[row]
+            span = min(prefix, offsets[row + 1] - b)
+            same = (ids[a : a + span] == ids[b : b + span]) & (pos[a : a + span] == pos[b : b + span])
+            common = int(same.long().cumprod(0).sum()) if span else 0
+            if common >= MIN_SHARED_PREFIX:
+                groups[-1] = (min(prefix, common), members + [row])
+                continue
+        groups.append((offsets[row + 1] - offsets[row], [row]))
+    if len(groups) == rows:
+        return None
+    source, gather = [], torch.empty(offsets[-1], dtype=torch.long)
+    layout_groups, at = [], 0
+    for prefix, members in groups:
+        tails = tuple(offsets[r + 1] - offsets[r] - prefix for r in members) if len(members) > 1 else ()
+        source.append(torch.arange(offsets[members[0]], offsets[members[0]] + prefix))
+        for r in members:
+            gather[offsets[r] : offsets[r] + prefix] = torch.arange(at, at + prefix)
+        at += prefix
+        for r, tail in zip(members, tails):
+            source.append(torch.arange(offsets[r] + prefix, offsets[r + 1]))
+            gather[offsets[r] + prefix : offsets[r + 1]] = torch.arange(at, at + tail)
+            at += tail
+        layout_groups.append((prefix, tails))
+    device = ids.device
+    return SharedPrefixLayout(layout_groups, torch.cat(source).to(device), gather.to(device))
 
 
 def response_slots(data: TensorDict) -> torch.Tensor:

@@ -126,6 +126,7 @@ def forward_backward(
             pad_token_id=pad_token_id,
             autocast_dtype=autocast_dtype,
             slots=response_slots(micro),  # the loss and the entropy metric read only these
+            share_prefixes=bool(getattr(cfg, "use_prefix_grouper", False)),
         )
         model_output = {"log_probs": out["log_probs"]}
         if calculate_entropy:
