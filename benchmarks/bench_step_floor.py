@@ -23,13 +23,15 @@ sequences in the update): the part PyTorch's float32 GEMMs alone take there, and
 reach, which at these skinny shapes is below the square-matmul rate the floor divides by.
 
 Set-ups: ``before`` is the main job as it was before the machine was used fully (the engine on
-one thread, old log-probs recomputed: ``remote_backend.local.threads=1``,
-``algorithm.rollout_correction.bypass_mode=false``); ``after`` is the main job's defaults.
+one thread, old log-probs recomputed, every sample's prompt run in the update:
+``remote_backend.local.threads=1``, ``algorithm.rollout_correction.bypass_mode=false``,
+``actor.use_prefix_grouper=false``); ``after`` is the main job's defaults.
 
 Usage: ``python -m benchmarks.bench_step_floor [--steps 3] [--setups before,after]
-[--keep-metrics DIR] [--from-metrics DIR/after.metrics.jsonl ...]`` (about 5 minutes per set-up
-on a 2-core machine; needs the model that ``prepare_model.py`` caches; ``--from-metrics``
-compares kept runs of this machine without running the job again).
+[--keep-metrics DIR] [--from-metrics DIR/after.metrics.jsonl ...] [--row-by-row before]`` (about
+5 minutes per set-up on a 2-core machine; needs the model that ``prepare_model.py`` caches;
+``--from-metrics`` compares kept runs of this machine without running the job again;
+``--row-by-row`` names the set-ups whose update ran every sample's prompt, for their GEMMs).
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ TARGET = 1.5
 
 #: Set-up name -> (environment for the main job, extra Hydra overrides).
 SETUPS: dict[str, tuple[dict[str, str], list[str]]] = {
-    "before": ({"BYPASS": "false"}, ["remote_backend.local.threads=1"]),
+    "before": ({"BYPASS": "false", "SHARE_PROMPTS": "false"}, ["remote_backend.local.threads=1"]),
     "after": ({}, []),
 }
 
@@ -154,7 +156,9 @@ class GemmPass:
     backward: bool = False
 
 
-def gemm_passes(model_path: str, shape: StepShape, *, micro_rows: int) -> dict[str, GemmPass]:
+def gemm_passes(
+    model_path: str, shape: StepShape, *, micro_rows: int, shared_prompts: bool = True
+) -> dict[str, GemmPass]:
     """The float32 GEMMs each phase must run, at the engine's own shapes. Attention, norms and
     the sampler's draws are left out: this is the part a faster engine could not avoid with
     PyTorch's CPU GEMMs.
@@ -164,7 +168,8 @@ def gemm_passes(model_path: str, shape: StepShape, *, micro_rows: int) -> dict[s
     * ``gen_decode``: ``decode_steps`` steps of ``samples`` rows;
     * ``update_actor``: ``samples / micro_rows`` micro-batches of ``micro_rows`` sequences (the
       vocabulary projection only for their response tokens, as the engine computes it), forward
-      and backward.
+      and backward; with ``shared_prompts`` (``actor.use_prefix_grouper``) a micro-batch's
+      samples of one prompt hold it once.
     """
     import torch
     from transformers import AutoConfig
@@ -180,7 +185,8 @@ def gemm_passes(model_path: str, shape: StepShape, *, micro_rows: int) -> dict[s
         return tuple((rows, out_f, in_f) for out_f, in_f in body) + ((head_rows, *head),)
 
     prompts = max(1, round(shape.samples / shape.samples_per_prompt))
-    micro_tokens = round(micro_rows * (shape.prompt_tokens + shape.response_tokens))
+    micro_prompts = max(1.0, micro_rows / shape.samples_per_prompt) if shared_prompts else micro_rows
+    micro_tokens = round(micro_prompts * shape.prompt_tokens + micro_rows * shape.response_tokens)
     return {
         "gen_prefill": GemmPass(through(round(prompts * shape.prompt_tokens), prompts), times=1),
         "gen_decode": GemmPass(through(shape.samples, shape.samples), times=shape.decode_steps),
@@ -331,13 +337,16 @@ def gemm_flops(gemm_pass: GemmPass) -> float:
     return per_pass * (3 if gemm_pass.backward else 1) * gemm_pass.times
 
 
-def compare_with_gemms(setup: str, steps: list[dict[str, Any]], model_path: str, *, rollout_n: int = 4) -> list[Result]:
+def compare_with_gemms(
+    setup: str, steps: list[dict[str, Any]], model_path: str, *, rollout_n: int = 4, shared_prompts: bool = True
+) -> list[Result]:
     """Result lines of one set-up against the GEMMs its phases must run, timed on this machine
     at the engine's shapes (:func:`gemm_passes`, :func:`gemm_seconds`; the main job's
-    micro-batch is ``rollout_n`` sequences): how much of each phase PyTorch's float32 GEMMs
-    alone take at those shapes, and the rate they reach there."""
+    micro-batch is ``rollout_n`` sequences, one prompt's samples): how much of each phase
+    PyTorch's float32 GEMMs alone take at those shapes, and the rate they reach there."""
     timed = _timed_steps(steps)
-    passes = gemm_passes(model_path, step_shape(timed, rollout_n=rollout_n), micro_rows=rollout_n)
+    shape = step_shape(timed, rollout_n=rollout_n)
+    passes = gemm_passes(model_path, shape, micro_rows=rollout_n, shared_prompts=shared_prompts)
     seconds = {name: gemm_seconds(p) for name, p in passes.items()}
     phases = {"gen": ("gen_prefill", "gen_decode"), "update_actor": ("update_actor",)}
     results = []
@@ -367,13 +376,15 @@ def run(
     model_path: Optional[str] = None,
     keep_metrics: Optional[Path] = None,
     from_metrics: tuple[Path, ...] = (),
+    row_by_row: tuple[str, ...] = ("before",),
 ) -> list[Result]:
     """The machine's rates, then the main job once per set-up (the rates are measured first,
     on an idle machine; the runs follow one after the other), each compared with its floor and
     with its GEMMs at the engine's shapes (timed after the run, the machine idle again).
     ``keep_metrics``: a folder that receives each set-up's ``<setup>.metrics.jsonl`` (verl's
     file logger: rewards, timings). ``from_metrics``: such kept files, compared instead of
-    running the job again (set-up = file name before the first dot; same machine assumed)."""
+    running the job again (set-up = file name before the first dot; same machine assumed).
+    ``row_by_row``: set-ups whose update ran every sample's prompt (``use_prefix_grouper=false``)."""
     model_path = model_path or _cached_model()
     threads = os.cpu_count() or 1
     rates = measure_machine(threads)
@@ -401,7 +412,8 @@ def run(
     torch.set_num_threads(threads)  # the GEMMs on every core, as the engine's default runs them
     for setup, steps_run in runs:
         results += compare(setup, steps_run, model_path, rates, rollout_n=rollout_n)
-        results += compare_with_gemms(setup, steps_run, model_path, rollout_n=rollout_n)
+        shared = setup not in row_by_row
+        results += compare_with_gemms(setup, steps_run, model_path, rollout_n=rollout_n, shared_prompts=shared)
     return results
 
 
@@ -427,10 +439,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument(
         "--from-metrics", type=Path, nargs="*", default=(), help="kept <setup>.metrics.jsonl files to compare, no run"
     )
+    parser.add_argument(
+        "--row-by-row", default="before", help="set-ups whose update ran every sample's prompt (comma-separated)"
+    )
     args = parser.parse_args(argv)
     setups = tuple(s for s in args.setups.split(",") if s)
     results = run(
-        steps=args.steps, setups=setups, keep_metrics=args.keep_metrics, from_metrics=tuple(args.from_metrics)
+        steps=args.steps,
+        setups=setups,
+        keep_metrics=args.keep_metrics,
+        from_metrics=tuple(args.from_metrics),
+        row_by_row=tuple(s for s in args.row_by_row.split(",") if s),
     )
     print(format_table(results))
     return 0

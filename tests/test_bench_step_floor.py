@@ -86,7 +86,7 @@ def test_checkpoint_and_validation_seconds_come_off_only_the_steps_that_spent_th
 
 def test_the_gemm_passes_run_every_linear_layer_at_the_rows_the_engine_feeds_it(floor, llama):
     shape = floor.StepShape(samples=8, prompt_tokens=100, response_tokens=50, decode_steps=60, samples_per_prompt=4)
-    passes = floor.gemm_passes(llama, shape, micro_rows=2)
+    passes = floor.gemm_passes(llama, shape, micro_rows=2, shared_prompts=False)
     layer = [(64, 64)] * 4 + [(128, 64), (128, 64), (64, 128)]  # q k v o, gate up down (out, in)
     body = 2 * layer
     decode = passes["gen_decode"]
@@ -98,6 +98,11 @@ def test_the_gemm_passes_run_every_linear_layer_at_the_rows_the_engine_feeds_it(
     assert update.times == 4 and update.backward and not decode.backward
     per_pass = sum(2 * r * o * i for r, o, i in update.gemms)
     assert floor.gemm_flops(update) == 3 * 4 * per_pass  # forward + the gradient's two GEMMs, per micro-batch
+    # use_prefix_grouper: a micro-batch of one prompt's samples holds the prompt once
+    shared = floor.gemm_passes(llama, shape, micro_rows=4)["update_actor"]  # 100 + 4 x 50 tokens, 2 micro-batches
+    assert shared.gemms == tuple((300, o, i) for o, i in body) + ((200, 1000, 64),) and shared.times == 2
+    halves = floor.gemm_passes(llama, shape, micro_rows=2)["update_actor"]  # half a group: its prompt + 2 responses
+    assert halves.gemms[0] == (200, 64, 64) and halves.times == 4
     assert floor.gemm_flops(decode) == 60 * sum(2 * r * o * i for r, o, i in decode.gemms)
 
 
