@@ -230,6 +230,8 @@ def test_one_token_attention_equals_sdpa_with_grouped_heads_and_a_padding_mask()
     got = _decode_attention(module, query, key, value, mask)
     assert got.shape == want.shape == (batch, 1, heads, dim)
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    scaled = sdpa_attention_forward(module, query, key, value, mask, is_causal=False, scaling=0.5)[0]
+    torch.testing.assert_close(_decode_attention(module, query, key, value, mask, scaling=0.5), scaled)  # the model's
     unmasked = _decode_attention(module, query, key, value, None)
     assert (unmasked[0] - got[0]).abs().max() > 1e-3  # the mask does hide the padded keys
     assert _plain_decode(module, mask, {}) and _plain_decode(module, None, {})

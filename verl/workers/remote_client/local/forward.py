@@ -228,7 +228,7 @@ def _packed_rows_attention(
     groups = getattr(_packed_rows, "groups", None)
     if groups is None:
         if query.shape[2] == 1 and _plain_decode(module, attention_mask, kwargs):
-            return _decode_attention(module, query, key, value, attention_mask), None
+            return _decode_attention(module, query, key, value, attention_mask, scaling=kwargs.get("scaling")), None
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     kwargs.pop("is_causal", None)
     outs, start = [], 0
@@ -268,16 +268,19 @@ def _decode_attention(
     key: torch.Tensor,
     value: torch.Tensor,
     attention_mask: Optional[torch.Tensor],
+    scaling: Optional[float] = None,
 ) -> torch.Tensor:
     """Attention of one new token per row, as two batched matmuls: the query heads that share
     a key/value head are stacked against it (no copy of the cache per query head), and the mask
     is a plain fill. Inputs ``query [B, H, 1, D]``, ``key``/``value`` ``[B, H_kv, S, D]``, a bool
-    mask broadcastable to ``[B, 1, 1, S]`` (True = attend); returns ``[B, 1, H, D]``. The
+    mask broadcastable to ``[B, 1, 1, S]`` (True = attend); ``scaling`` as the model passes it
+    (else the module's, else ``D ** -0.5``); returns ``[B, 1, H, D]``. The
     sampler's decode steps run it: at 1 query token SDPA's fixed cost per call is most of the work.
     """
     batch, heads, _, dim = query.shape
     kv_heads = key.shape[1]
-    scaling = getattr(module, "scaling", None) or dim**-0.5
+    if scaling is None:
+        scaling = getattr(module, "scaling", None) or dim**-0.5
     grouped = query.reshape(batch, kv_heads, heads // kv_heads, dim)  # [B, H_kv, G, D]
     scores = torch.matmul(grouped, key.transpose(-1, -2)) * scaling  # [B, H_kv, G, S]
     if attention_mask is not None:
