@@ -22,7 +22,7 @@ WARMUP = 10
 RSS_RISE_MB = 100.0
 #: Most MiB Ray's object store may hold between two steps.
 OBJECT_STORE_MB = 16.0
-#: fds/threads: the highest count of the run's second half may exceed the first half's by this much.
+#: fds/threads: the count at the run's last sample may exceed the first half's highest by this much.
 COUNT_SLACK = 2
 
 
@@ -38,8 +38,11 @@ def test_no_process_of_a_30_step_grpo_run_keeps_growing_after_warmup(thirty_step
     tiny model, a reward that varies so every update changes the weights; test_learning_toy_task
     checks that it learns), every process of the run - driver, task runner,
     forwarder, engine, rollout server, agent-loop and reward workers, Ray's daemons - stays within
-    ``RSS_RISE_MB`` of its RSS at step 12, and its open fds and threads set no new high in the
-    second half of those steps (beyond ``COUNT_SLACK``): what grows per step would do so here."""
+    ``RSS_RISE_MB`` of its RSS at step 12, and its open fds and threads end the run no higher than
+    their high of the first half of those steps (beyond ``COUNT_SLACK``): what grows per step
+    would do so here. The last sample, not the second half's high, because a leak never gives
+    back what it took while a daemon's passing socket does (Ray's DashboardAgent once went
+    57 -> 60 -> 56 fds within the second half)."""
     result, sampler = thirty_step_run.result, thirty_step_run.sampler
     assert result.returncode == 0, result.tail()
     reports = sampler.report(warmup_steps=WARMUP)
@@ -62,7 +65,7 @@ def test_no_process_of_a_30_step_grpo_run_keeps_growing_after_warmup(thirty_step
             if None in values:
                 continue
             first, second = _halves(values)
-            if max(second) > max(first) + COUNT_SLACK:
+            if second[-1] > max(first) + COUNT_SLACK:
                 problems.append(f"{r.role} (pid {r.pid}): {measure} {first} then {second}")
     # Ray's object store between steps: 0-0.14 MiB in use (batches are freed once a step is done)
     store = [s.rss_mb for s in sampler.sampler.samples if s.role == OBJECT_STORE and s.step > WARMUP]
