@@ -2,7 +2,7 @@
 
 Runs ``python -m verl.remote_backend.main_ppo trainer.remote_backend=local`` (the
 real entry point, verl's trainer, the local engine on CPU; GRPO on a gsm8k
-subset, through ``tests/remote_e2e.py``'s helpers) and reads verl's logged
+subset, through ``tests/support/remote_e2e.py``'s helpers) and reads verl's logged
 per-step metrics. Per step (the first, a warm-up, is dropped; medians over the
 rest):
 

@@ -5,7 +5,7 @@ Starts the local engine (``LocalBackend``, Ray, CPU, the tiny Qwen2 model) and o
 uses, and sends bursts of ``--small`` and ``--large`` concurrent requests (distinct prompts and
 seeds, ``--max-tokens`` each). Per burst: latency p50 / p99 (submission to answer, from the
 caller) and generated tokens/s. Standalone (not in ``benchmarks.run``); the correctness side of
-the same load is ``tests/test_generate_load.py``.
+the same load is ``tests/integration/test_generate_load.py``.
 
 Usage: ``python -m benchmarks.bench_generate_load [--small 64] [--large 2048] [--max-tokens 8]``.
 """

@@ -2,7 +2,7 @@
 
 Runs ``python -m verl.remote_backend.main_ppo trainer.remote_backend=local`` for ``--steps``
 GRPO steps on the tiny test model (CPU, a gsm8k subset, a reward that varies so every update
-changes the weights; ``tests/remote_e2e.py``'s ``soak_overrides``) in a child process, and every
+changes the weights; ``tests/support/remote_e2e.py``'s ``soak_overrides``) in a child process, and every
 ``--every`` steps samples each process of the run - the driver, Ray's task runner, the forwarder
 (``WorkerDict``), the local engine (``EngineActor``), the rollout server
 (``RemoteRolloutServer``), the agent-loop and reward workers, Ray's own daemons - for RSS, PSS,

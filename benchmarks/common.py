@@ -191,12 +191,12 @@ def nested_verl_batch(batch: int, prompt_width: int, response_width: int, *, see
 
 # ---------------------------------------------------------------- end-to-end runs
 def e2e_helpers():
-    """The end-to-end harness of the test suite (``tests/remote_e2e.py``: gsm8k subset, tiny
+    """The end-to-end harness of the test suite (``tests/support/remote_e2e.py``: gsm8k subset, tiny
     model, small-CI overrides, entry-point runner), loaded from its file: ``tests`` is not a
     package, and ``sys.path`` stays as it is."""
     import importlib.util
 
-    path = Path(__file__).resolve().parents[1] / "tests" / "remote_e2e.py"
+    path = Path(__file__).resolve().parents[1] / "tests" / "support" / "remote_e2e.py"
     spec = importlib.util.spec_from_file_location("remote_e2e", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules.setdefault("remote_e2e", module)  # dataclasses look their module up by name

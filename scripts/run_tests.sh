@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's test command: set up the environment, then run the whole suite.
 # Extra arguments go to pytest (e.g. -m "not slow" for the fast suite only, or
-# tests/test_registry.py to run one file). VRB_VERL=0.9.1 runs on verl 0.9.1 in its own
+# tests/integration/test_registry.py to run one file). VRB_VERL=0.9.1 runs on verl 0.9.1 in its own
 # environment, where only the tests marked every_verl run (tests/conftest.py skips the rest).
 #
 # The whole suite runs in parallel pytest-xdist workers: VRB_TEST_WORKERS of them (default: one per
@@ -40,4 +40,6 @@ if [ "$workers" -gt 1 ]; then
     parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder)
     export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 fi
+# Every process the run starts inherits this tag: scripts/leftover_processes.py finds what outlived it.
+export VRB_TEST_RUN="${VRB_TEST_RUN:-$(date +%s)-$$}"
 exec "$venv/bin/python" -m pytest "${targets[@]}" "${parallel[@]}" "$@"

@@ -2,9 +2,9 @@
 # Create (or reuse) the project's Python 3.12 virtual environment and install
 # verl-remote-backend into it with the extras given as $1 (default: "test"; "base" = what the
 # main job needs: the package and its [examples] extra, without arctic-platform and deepspeed),
-# on verl $VRB_VERL (default 0.7.1; the other supported release is 0.9.1, for which "test" means
-# the [test-core] extra: the Arctic client and the Tinker SDK are tested on 0.7.1 only; 0.9.1 also
-# gets TransferQueue, which its V1 trainer needs).
+# on verl $VRB_VERL (default 0.9.1, what a plain `pip install` resolves; the other supported
+# release is 0.7.1, Snowflake's base). Both releases' test environments hold the Arctic client,
+# DeepSpeed and the Tinker SDK; 0.9.1's also gets TransferQueue, which its V1 trainer needs.
 #
 # The environment lives outside the checkout, keyed by a hash of pyproject.toml's dependencies,
 # so a repeat run with unchanged dependencies only reinstalls our own files
@@ -24,7 +24,7 @@ p = tomllib.load(open(sys.argv[1], "rb"))
 proj = p["project"]
 print(json.dumps([p["build-system"], proj.get("requires-python"), proj.get("dependencies"),
                   proj.get("optional-dependencies")], sort_keys=True))' "$repo/pyproject.toml")"
-verl_version="${VRB_VERL:-0.7.1}"
+verl_version="${VRB_VERL:-0.9.1}"
 # release_pins: what one release needs on top of pyproject.toml's dependencies (kept out of them so
 # that the other release's environment, and its cache key, do not change). verl 0.9.1's V1 trainer
 # (its default, the remote path's there) keeps its batches in TransferQueue: verl's `verl-core`
@@ -42,12 +42,11 @@ venv="${VRB_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/verl-remote-backend/venv-$key}
 
 spec="$repo[$extras]"
 if [ "$extras" = "base" ]; then spec="$repo[examples]"; fi
-if [ "$extras" = "test" ] && [ -n "$release" ]; then spec="$repo[test-core]"; fi
 # Dependencies first (cached with the venv), then our own files below.
 # shellcheck disable=SC2086 # release_pins is a list of requirement specifiers
 build_cached_venv "$venv" setup "~4 min, ~6 GB" "$spec" "verl==$verl_version" $release_pins
-if [ "$extras" = "test" ] && [ -z "$release" ]; then
-    # Snowflake's verl plugin (arctic_platform.integrations.verl, tests/test_arctic_plugin_e2e.py)
+if [ "$extras" = "test" ]; then
+    # Snowflake's verl plugin (arctic_platform.integrations.verl, tests/e2e/test_arctic_plugin_e2e.py)
     # checks that arctic-platform's [verl] extra is installed, which includes arctic-inference:
     # a source-only package (its vLLM extra, CUDA only, is not needed). Built once per cached venv.
     if ! "$venv/bin/python" -c 'import importlib.metadata as m; m.version("arctic-inference")' 2>/dev/null; then

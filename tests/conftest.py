@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import pytest
-from remote_e2e import (
+from support.fault_ledger import LEDGER as FAULT_LEDGER
+from support.remote_e2e import (
     LEGACY_TRAINER_ON_091,
-    TESTS_DIR,
+    SUPPORT_DIR,
     THIRTY_STEPS,
     RunResult,
     build_gsm8k,
@@ -20,9 +21,12 @@ from remote_e2e import (
     soak_overrides,
     verl_grpo_gsm8k_line,
 )
-from support.fault_ledger import LEDGER as FAULT_LEDGER
 
 from verl.remote_backend.reliability.server_process import ServerProcess
+
+#: Whatever a test starts ends with the run, also a killed one (support/reaping.py); where the time
+#: went, per tier and file, at the end (support/time_report.py).
+pytest_plugins = ["support.reaping", "support.time_report"]
 
 
 @pytest.fixture(scope="session")
@@ -81,7 +85,7 @@ def verl_grpo_line_run(tmp_path_factory, small_gsm8k_assets) -> Callable[[str], 
     """``run(backend)``: verl's GRPO-on-gsm8k command line (``remote_e2e.verl_grpo_gsm8k_line``)
     with ``trainer.remote_backend=backend``, run through the entry point at most once per backend
     per session; every later call returns the same finished run. ``my-engine`` is the adapter of
-    ``tests/third_party_adapter.py``, made known through ``VERL_USE_EXTERNAL_MODULES``.
+    ``tests/support/third_party_adapter.py``, made known through ``VERL_USE_EXTERNAL_MODULES``.
 
     One trainer run costs minutes on 2 cores, so the modules that assert on the same run share it
     (test_derived_settings, test_e2e_grpo_gsm8k, test_third_party_adapter_e2e). The run's
@@ -103,7 +107,7 @@ def verl_grpo_line_run(tmp_path_factory, small_gsm8k_assets) -> Callable[[str], 
             if backend == "my-engine":
                 from support.credentials import TEST_TOKEN, TOKEN_KEY  # not the adapter: it would register here
 
-                env.update(external_modules_env("third_party_adapter"))
+                env.update(external_modules_env("support.third_party_adapter"))
                 line = [*line, f"{TOKEN_KEY}={TEST_TOKEN}"]  # a credential: test_security greps for it
             runs[backend] = SharedRun.finished(run_entry(line, workdir=root / "run", env_extra=env), root / "ckpt")
         return runs[backend]
@@ -135,7 +139,7 @@ class SeededRunSpec:
 #: ``first``: a fresh 4-step run. ``head`` + ``tail``: the same run interrupted after step 2 and
 #: resumed to step 4 (``trainer.resume_mode=auto``); ``head`` is also the second fresh run with the
 #: same seeds, compared with ``first`` on steps 1-2 and the step-2 weights. They go
-#: through ``local-resume-probe`` (tests/resume_probe_backend.py: the local backend plus a dump of
+#: through ``local-resume-probe`` (tests/support/resume_probe_backend.py: the local backend plus a dump of
 #: the state it holds right after loading) and save every step, so test_resume_e2e can compare the
 #: restored state with the saved one on the very runs test_reproducibility_e2e compares with ``first``.
 SEEDED_RUNS = {
@@ -151,7 +155,7 @@ SEEDED_RUNS = {
 
 def seeded_overrides(assets: dict[str, str], ckpt: Path, spec: SeededRunSpec, rollouts: Path) -> list[str]:
     """The small-CI overrides of a seeded run: ``data.seed=7``, a visible learning rate and a reward
-    that varies within each GRPO group (tests/toy_reward.py), so every step really trains; verl
+    that varies within each GRPO group (tests/support/toy_reward.py), so every step really trains; verl
     writes each step's samples to ``rollouts/<step>.jsonl`` (``trainer.rollout_data_dir``)."""
     base = small_ci_overrides(
         model=assets["model"],
@@ -166,7 +170,7 @@ def seeded_overrides(assets: dict[str, str], ckpt: Path, spec: SeededRunSpec, ro
         f"trainer.resume_mode={spec.resume_mode}",
         "data.seed=7",  # verl's prompt shuffle; each sample's stream derives from it too
         "actor_rollout_ref.actor.optim.lr=1e-3",
-        f"reward.custom_reward_function.path={TESTS_DIR / 'toy_reward.py'}",
+        f"reward.custom_reward_function.path={SUPPORT_DIR / 'toy_reward.py'}",
         "reward.custom_reward_function.name=digit_share",
         f"trainer.rollout_data_dir={rollouts}",
         *spec.extra,
@@ -178,7 +182,7 @@ def seeded_local_run(tmp_path_factory, gsm8k_assets) -> Callable[[str], SharedRu
     """``run(name)`` for a name of :data:`SEEDED_RUNS`: that entry-point run, started at most once per
     session (``tail`` runs ``head`` first: it resumes from head's checkpoint); later calls return the
     finished run. Shared by test_reproducibility_e2e and test_resume_e2e. Return codes are the tests' to check."""
-    probe_env = external_modules_env("resume_probe_backend")
+    probe_env = external_modules_env("support.resume_probe_backend")
     root = tmp_path_factory.mktemp("seeded_runs")
     runs: dict[str, SharedRun] = {}
 
@@ -270,23 +274,49 @@ def standin_server(tmp_path_factory) -> ArcticStandIn:
 # ---------------------------------------------------------------- tiers
 _TIERS = ("unit", "integration", "e2e")
 
+#: Tier folders: the tier of a test in them that is not marked ``slow`` (``slow`` is always e2e). A
+#: file lives in the folder of its heaviest test: ``pytest tests/unit`` runs unit tests only,
+#: ``tests/integration`` no e2e test, ``tests/e2e`` the files that run verl's trainer or a
+#: multi-minute engine (with their quicker neighbours, which need the same module fixtures).
+FOLDER_TIERS = {"unit": "unit", "integration": "integration", "e2e": "integration"}
+#: Folders of one kind of test across tiers: a module there states its tier (``TEST_TIER``, default unit).
+CROSS_TIER_FOLDERS = ("faults",)
+
+
+def _default_tier(item) -> str:
+    folder = item.path.parent.name
+    if folder in FOLDER_TIERS:
+        if hasattr(item.module, "TEST_TIER"):
+            raise pytest.UsageError(
+                f"{item.path}: a file in tests/{folder}/ takes its tier from the folder (drop TEST_TIER)"
+            )
+        return FOLDER_TIERS[folder]
+    if folder in CROSS_TIER_FOLDERS:
+        return getattr(item.module, "TEST_TIER", "unit")
+    raise pytest.UsageError(
+        f"{item.path}: every test file lives in a tier folder ({', '.join(f'tests/{f}/' for f in FOLDER_TIERS)}) "
+        f"or in {', '.join(f'tests/{f}/' for f in CROSS_TIER_FOLDERS)}"
+    )
+
 
 def pytest_collection_modifyitems(config, items):
     """Every test gets exactly one tier marker (``-m unit`` / ``integration`` / ``e2e``): tests
-    marked ``slow`` are the e2e tier; otherwise a test's own tier marker, else the module's
-    ``TEST_TIER`` (``"integration"`` for a module that starts Ray, a server, an engine or a model),
-    ``"unit"`` when it sets none."""
-    _skip_what_other_verl_releases_do_not_run(items)
+    marked ``slow`` are the e2e tier; otherwise a test's own tier marker, else its folder's tier
+    (:data:`FOLDER_TIERS`). A test whose tier is heavier than its folder's is refused: the folders
+    are what a developer runs by path."""
     for item in items:
         explicit = [tier for tier in _TIERS if item.get_closest_marker(tier)]
         if item.get_closest_marker("slow"):
             tier = "e2e"
         else:
-            tier = explicit[0] if explicit else getattr(item.module, "TEST_TIER", "unit")
+            tier = explicit[0] if explicit else _default_tier(item)
         if tier not in _TIERS:
             raise pytest.UsageError(f"{item.module.__name__}.TEST_TIER={tier!r}: expected one of {_TIERS}")
         if set(explicit) - {tier}:
             raise pytest.UsageError(f"{item.nodeid}: marked {explicit} but its tier is {tier!r} (one tier per test)")
+        folder = item.path.parent.name
+        if folder in FOLDER_TIERS and folder != "e2e" and _TIERS.index(tier) > _TIERS.index(folder):
+            raise pytest.UsageError(f"{item.nodeid}: a {tier} test in tests/{folder}/ (move its file to tests/{tier}/)")
         if tier not in explicit:
             item.add_marker(tier)
     _slow_modules_first(items)
@@ -330,31 +360,3 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
         for name, verdict, seconds in FAULT_LEDGER.cases:
             terminalreporter.write_line(f"  {verdict:<24} {seconds:6.2f}s  {name}")
         terminalreporter.write_line(FAULT_LEDGER.line())
-
-
-def pytest_ignore_collect(collection_path, config):
-    """On a verl other than 0.7.1, test modules with no ``every_verl`` test are not even imported:
-    some need what only 0.7.1's environment installs (the Arctic client, the Tinker SDK)."""
-    from verl.remote_backend.verl_versions import installed_verl_version
-
-    if (
-        installed_verl_version() == "0.7.1"
-        or collection_path.suffix != ".py"
-        or not collection_path.name.startswith("test_")
-    ):
-        return None
-    return True if "every_verl" not in collection_path.read_text() else None
-
-
-def _skip_what_other_verl_releases_do_not_run(items) -> None:
-    """On a verl other than 0.7.1 (the release the whole suite runs on), only tests marked
-    ``every_verl`` run; the others skip, naming the release."""
-    from verl.remote_backend.verl_versions import installed_verl_version
-
-    version = installed_verl_version()
-    if version == "0.7.1":
-        return
-    skip = pytest.mark.skip(reason=f"runs on verl 0.7.1 only (this is verl {version}; its subset is marked every_verl)")
-    for item in items:
-        if not item.get_closest_marker("every_verl"):
-            item.add_marker(skip)

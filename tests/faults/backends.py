@@ -25,7 +25,7 @@ import signal
 import time
 from typing import Any, Optional
 
-from stub_backend import StubBackend, corrupt
+from support.stub_backend import StubBackend, corrupt
 
 from verl.remote_backend import RemoteBackendRegistry
 from verl.workers.remote_client.local.backend import LocalBackend
@@ -35,7 +35,7 @@ __all__ = ["ScriptedBackend", "CorruptingLocalBackend", "corrupt"]
 
 @RemoteBackendRegistry.register("fault-scripted")
 class ScriptedBackend(StubBackend):
-    """The suite's stub backend (tests/stub_backend.py) whose checkpoints carry the local
+    """The suite's stub backend (tests/support/stub_backend.py) whose checkpoints carry the local
     engine's manifest, so the ledger can verify them."""
 
     SCRIPT: dict[str, str] = {}

@@ -15,9 +15,9 @@ import re
 
 import pytest
 import torch
-from remote_e2e import compose
 from support.aio import run_async
 from support.forwarder import in_process_forwarder
+from support.remote_e2e import compose
 
 from faults.backends import ScriptedBackend
 from verl.remote_backend.errors import BackendDiedError, BackendOutputError, BackendTimeoutError
@@ -263,7 +263,7 @@ BAD_INPUT_EXPECTED = {
 @pytest.mark.parametrize("case", list(BAD_INPUT_EXPECTED))
 def test_bad_input_is_refused_before_ray_starts(fault, tiny_model_dir, tmp_path, case):
     import ray
-    from remote_e2e import build_gsm8k, small_ci_overrides
+    from support.remote_e2e import build_gsm8k, small_ci_overrides
 
     from verl.remote_backend.errors import ConfigError, ResumeCheckpointError
     from verl.remote_backend.launch.failure_report import failure_report

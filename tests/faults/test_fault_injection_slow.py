@@ -28,11 +28,17 @@ import psutil
 import pytest
 import torch
 from arctic_standin.harness import mid_call_batch
-from local_backend_helpers import dense_rollout_batch, engine_info, random_rollouts, random_update_batch, to_no_padding
-from remote_e2e import _tree, build_gsm8k, compose, external_modules_env, small_ci_overrides
 from support.aio import FaultTimer, call_then_inject, run_async
 from support.forwarder import in_process_forwarder
+from support.local_backend_helpers import (
+    dense_rollout_batch,
+    engine_info,
+    random_rollouts,
+    random_update_batch,
+    to_no_padding,
+)
 from support.processes import gone
+from support.remote_e2e import _tree, build_gsm8k, compose, external_modules_env, small_ci_overrides
 
 from faults.backends import CorruptingLocalBackend
 from verl.remote_backend.errors import BackendDiedError, BackendOutputError, ResumeCheckpointError

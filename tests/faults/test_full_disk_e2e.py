@@ -11,8 +11,8 @@ import threading
 import time
 
 import pytest
-from remote_e2e import run_entry, small_ci_overrides
 from support.disk import small_tmpfs
+from support.remote_e2e import run_entry, small_ci_overrides
 
 from verl.remote_backend.checkpoints import TRACKER_FILE, checkpoint_problem
 from verl.workers.remote_client.local.checkpoint import checkpoint_problem as local_format_problem

@@ -1,4 +1,4 @@
-"""The credential the tests give the third-party adapter (tests/third_party_adapter.py), kept apart
+"""The credential the tests give the third-party adapter (tests/support/third_party_adapter.py), kept apart
 from the adapter so that the test process can read it without registering the adapter."""
 
 from __future__ import annotations

@@ -17,6 +17,12 @@ from typing import Any, Optional
 
 import hydra
 
+from verl.remote_backend.verl_versions import require_supported_verl
+
+# Also here, not only in the package's __init__: a verl that ships its own seam may have replaced
+# that file with its own, and this check is what says so.
+require_supported_verl()
+
 from verl.remote_backend.errors import ConfigError, RunInterruptedError
 from verl.remote_backend.launch.backend_keys import open_third_party_keys
 from verl.remote_backend.launch.derive import derive_remote_settings, describe, explicit_override_keys

@@ -1,5 +1,5 @@
 """Resource growth of a running job's processes, for soak runs (``benchmarks/bench_soak.py``) and
-their CI version (``tests/test_soak_e2e.py``).
+their CI version (``tests/e2e/test_soak_e2e.py``).
 
 A :class:`ProcessSampler` is pointed at the pid of a job's root process (the driver of
 ``python -m verl.remote_backend.main_ppo``). Each :meth:`~ProcessSampler.sample` walks the root's

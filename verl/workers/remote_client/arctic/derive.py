@@ -387,7 +387,7 @@ def check_loss_compatibility(main_config: "DictConfig", arctic: ArcticConfig) ->
     ``[1, T]`` (prompt + response tokens, all sequences). It implements verl's
     *vanilla* PPO clip with fixed clip ratios (0.2 / 0.2, dual-clip 3.0) and the
     KL loss; measured against verl's objective on Arctic's own code
-    (``tests/test_arctic_parity.py``):
+    (``tests/e2e/test_arctic_parity.py``):
 
     * ``token-mean`` and ``seq-mean-token-sum`` match; ``seq-mean-token-mean``
       matches with one sequence per micro-batch (:func:`derive_ds_config` sets it);

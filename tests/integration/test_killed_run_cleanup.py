@@ -1,0 +1,108 @@
+"""A test run that is killed leaves no server behind (tests/support/reaping.py): a child pytest run
+starts a server in a session of its own, as the suite's Arctic stand-in and skyrl fixtures do, and
+is then killed by SIGKILL, by SIGTERM, or by pytest-timeout's per-test limit."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from support.processes import gone
+
+pytestmark = pytest.mark.every_verl
+
+TESTS_DIR = Path(__file__).resolve().parents[1]
+
+#: The child run's only test: a server in its own session (which starts a worker of its own, as
+#: skyrl's API starts its engine), the pids written down, then a wait the parent cuts short.
+CHILD_TEST = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from verl.remote_backend.reliability.server_process import ServerProcess
+
+    WORKER = "import time; time.sleep(600)"
+    SERVER = [sys.executable, "-c",
+              f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {{WORKER!r}}]); time.sleep(600)"]
+
+    def test_starts_a_server_and_waits(tmp_path):
+        server = ServerProcess.start(SERVER, log_path=str(tmp_path / "server.log"))
+        Path({pids!r}).write_text(str(server.proc.pid))
+        time.sleep(600)
+    """
+)
+
+
+def _start_child_run(tmp_path: Path, *pytest_args: str, reaping: bool = True) -> tuple[subprocess.Popen, Path]:
+    pids = tmp_path / "server.pid"
+    test_file = tmp_path / "test_child.py"
+    test_file.write_text(CHILD_TEST.format(pids=str(pids)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")])}
+    child = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", *(["-p", "support.reaping"] if reaping else []),
+         "-p", "no:cacheprovider", "--rootdir", str(tmp_path), *pytest_args, str(test_file)],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not pids.exists() or not pids.read_text():
+        assert child.poll() is None, child.stdout.read().decode(errors="replace")[-3000:]
+        assert time.monotonic() < deadline, "the child run never started its server"
+        time.sleep(0.2)
+    time.sleep(2.5)  # the reaper records descendants once a second: let it see the server's worker
+    return child, pids
+
+
+def _session_members(leader_pid: int) -> list[int]:
+    """The pids of every running process in the session ``leader_pid`` leads (the server and its worker)."""
+    import psutil
+
+    members = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if os.getsid(proc.pid) == leader_pid and proc.status() != psutil.STATUS_ZOMBIE:
+                members.append(proc.pid)
+        except (OSError, psutil.Error):
+            continue
+    return members
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_a_killed_test_run_leaves_no_server_running(tmp_path, how):
+    child, pids = _start_child_run(tmp_path)
+    server = int(pids.read_text())
+    members = _session_members(server)
+    assert len(members) == 2, f"expected the server and its worker, found {members}"
+    os.killpg(child.pid, getattr(signal, how))  # the pytest run's own group; the server is in its own session
+    child.wait(timeout=60)
+    assert all(gone(pid, within_s=20) for pid in members), f"left running: {_session_members(server)}"
+
+
+def test_a_test_past_its_timeout_leaves_no_server_running(tmp_path):
+    child, pids = _start_child_run(tmp_path, "--timeout=8")
+    members = _session_members(int(pids.read_text()))
+    assert len(members) == 2
+    out, _ = child.communicate(timeout=120)
+    assert child.returncode != 0 and b"Timeout" in out, out.decode(errors="replace")[-3000:]
+    assert all(gone(pid, within_s=20) for pid in members), f"left running: {members}"
+
+
+def test_without_the_reaper_a_killed_run_leaves_its_server_running(tmp_path):
+    """The control: the same run without the plugin loses its server (what CI saw before)."""
+    child, pids = _start_child_run(tmp_path, reaping=False)
+    members = _session_members(int(pids.read_text()))
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait(timeout=60)
+        assert not any(gone(pid, within_s=8) for pid in members)
+    finally:
+        for pid in members:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
