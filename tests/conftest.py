@@ -25,8 +25,9 @@ from support.remote_e2e import (
 from verl.remote_backend.reliability.server_process import ServerProcess
 
 #: Whatever a test starts ends with the run, also a killed one (support/reaping.py); where the time
-#: went, per tier and file, at the end (support/time_report.py).
-pytest_plugins = ["support.reaping", "support.time_report"]
+#: went, per tier and file, at the end (support/time_report.py); no test skips for a missing extra
+#: under the test command (support/no_silent_skips.py).
+pytest_plugins = ["support.reaping", "support.time_report", "support.no_silent_skips"]
 
 
 @pytest.fixture(scope="session")

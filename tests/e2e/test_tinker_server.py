@@ -13,8 +13,8 @@ One server (tiny Llama, started once for the module) serves every test here:
 * the entry point end to end (``trainer.remote_backend=tinker``, GRPO on gsm8k, 2 steps),
   resume from its checkpoint, and a server killed mid-run failing clearly within 30 s.
 
-The server's environment is built by ``scripts/setup_tinker_server.sh`` (cached); only when that
-build fails do these tests skip, with its output as the reason.
+The server's environment is built by ``scripts/setup_tinker_server.sh`` (cached); when that build
+fails these tests fail (not skip), with its output as the reason: a skip would hide the whole file.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def shared_server(tmp_path_factory):
     try:
         venv = server_venv()
     except ServerEnvUnavailable as exc:
-        pytest.skip(f"skyrl's Tinker server environment could not be built: {exc}")
+        pytest.fail(f"skyrl's Tinker server environment could not be built: {exc}")
     model = build_tiny_llama(root / "model")
     srv = TinkerServer(venv, model, root / "server").start()
     print(f"[tinker] server ready in {srv.ready_s:.1f}s at {srv.base_url}")

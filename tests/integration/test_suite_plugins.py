@@ -1,6 +1,9 @@
-"""A test run that is killed leaves no server behind (tests/support/reaping.py): a child pytest run
-starts a server in a session of its own, as the suite's Arctic stand-in and skyrl fixtures do, and
-is then killed by SIGKILL, by SIGTERM, or by pytest-timeout's per-test limit."""
+"""The suite's own pytest plugins, each in a child pytest run:
+
+* a test run that is killed leaves no server behind (support/reaping.py): the child starts a server
+  in a session of its own, as the suite's Arctic stand-in and skyrl fixtures do, and is then killed
+  by SIGKILL, by SIGTERM, or by pytest-timeout's per-test limit;
+* under the test command a test skipped for a missing module fails (support/no_silent_skips.py)."""
 
 from __future__ import annotations
 
@@ -106,3 +109,35 @@ def test_without_the_reaper_a_killed_run_leaves_its_server_running(tmp_path):
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+MISSING_EXTRA_TESTS = textwrap.dedent(
+    """
+    import pytest
+
+    def test_needs_an_extra():
+        pytest.importorskip("no_such_extra_module")
+
+    def test_skips_for_its_own_reason():
+        pytest.skip("not a missing module")
+    """
+)
+
+
+@pytest.mark.parametrize("tagged", [True, False], ids=["test-command", "by-hand"])
+def test_a_skip_for_a_missing_module_fails_under_the_test_command_only(tmp_path, tagged):
+    (tmp_path / "test_child.py").write_text(MISSING_EXTRA_TESTS)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")])}
+    env.pop("VRB_TEST_RUN", None)
+    if tagged:
+        env["VRB_TEST_RUN"] = "plugin-test"
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rfs", "-p", "support.no_silent_skips", "-p", "no:cacheprovider",
+         "--rootdir", str(tmp_path), "test_child.py"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    summary = result.stdout.strip().splitlines()[-1]
+    expected = "1 failed, 1 skipped" if tagged else "2 skipped"
+    assert summary.startswith(expected), result.stdout[-2000:]
+    if tagged:
+        assert "FAILED test_child.py::test_needs_an_extra" in result.stdout, result.stdout[-2000:]
