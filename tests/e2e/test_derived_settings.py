@@ -26,7 +26,7 @@ from verl.remote_backend.launch.rules import check_required_settings, required_s
 from verl.remote_backend.launch.validation import validate_remote_backend_config
 from verl.remote_backend.verl_versions import verl_glue
 
-pytestmark = pytest.mark.every_verl  # also on verl 0.9.1 (tests/conftest.py)
+pytestmark = pytest.mark.every_verl  # CI runs it on both releases (.ci/run)
 
 
 @pytest.fixture(scope="module")

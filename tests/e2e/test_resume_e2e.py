@@ -19,7 +19,7 @@ import json
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.every_verl]  # also on verl 0.9.1 (tests/conftest.py)
+pytestmark = [pytest.mark.slow, pytest.mark.every_verl]  # CI runs it on both releases (.ci/run)
 
 
 def _manifest(path) -> dict:

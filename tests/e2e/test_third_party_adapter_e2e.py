@@ -13,7 +13,7 @@ import math
 import pytest
 from support.remote_e2e import REQUIRED_STEP_METRICS
 
-pytestmark = [pytest.mark.slow, pytest.mark.every_verl]  # also on verl 0.9.1 (tests/conftest.py)
+pytestmark = [pytest.mark.slow, pytest.mark.every_verl]  # CI runs it on both releases (.ci/run)
 
 
 @pytest.mark.timeout(900)

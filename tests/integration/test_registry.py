@@ -14,7 +14,7 @@ import pytest
 
 from verl.remote_backend import BackendImportError, RemoteBackend, RemoteBackendRegistry, UnknownBackendError
 
-pytestmark = pytest.mark.every_verl  # also on verl 0.9.1 (tests/conftest.py)
+pytestmark = pytest.mark.every_verl  # CI runs it on both releases (.ci/run)
 
 # A complete backend whose module registers itself under NAME when imported.
 BACKEND_MODULE_SOURCE = textwrap.dedent(

@@ -24,7 +24,7 @@ from verl.remote_backend.worker_utils import (
     shift_nested_response_aligned_to_predict_next,
 )
 
-pytestmark = pytest.mark.every_verl  # also on verl 0.9.1 (tests/conftest.py)
+pytestmark = pytest.mark.every_verl  # CI runs it on both releases (.ci/run)
 
 
 # ---------------------------------------------------------------- registry

@@ -9,7 +9,7 @@ from support.stub_backend import StubBackend
 
 from verl.remote_backend import BackendDevice, RemoteBackend, supports_resume
 
-pytestmark = pytest.mark.every_verl  # also on verl 0.9.1 (tests/conftest.py)
+pytestmark = pytest.mark.every_verl  # CI runs it on both releases (.ci/run)
 
 CONTRACT = (
     "from_config",

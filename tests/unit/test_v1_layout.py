@@ -17,7 +17,7 @@ from verl.remote_backend.launch.cpu_compat import install_flash_attn_fallback
 from verl.utils import tensordict_utils as tu
 from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
 
-pytestmark = pytest.mark.every_verl  # also on verl 0.9.1 (tests/conftest.py)
+pytestmark = pytest.mark.every_verl  # CI runs it on both releases (.ci/run)
 
 install_flash_attn_fallback()  # verl's unpadding imports flash_attn otherwise (absent on a CPU machine)
 

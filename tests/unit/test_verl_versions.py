@@ -14,7 +14,7 @@ import pytest
 import verl
 from verl.remote_backend.verl_versions import SUPPORTED_VERL_VERSIONS, installed_verl_version, verl_glue
 
-pytestmark = pytest.mark.every_verl  # also on verl 0.9.1 (tests/conftest.py)
+pytestmark = pytest.mark.every_verl  # CI runs it on both releases (.ci/run)
 
 GLUE_DIR = Path(__file__).resolve().parents[2] / "verl" / "remote_backend" / "verl_versions"
 
