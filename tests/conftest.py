@@ -21,6 +21,7 @@ from support.remote_e2e import (
     soak_overrides,
     verl_grpo_gsm8k_line,
 )
+from support.shared_runs import once_per_session
 
 from verl.remote_backend.reliability.server_process import ServerProcess
 
@@ -32,10 +33,12 @@ pytest_plugins = ["support.reaping", "support.time_report", "support.no_silent_s
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:
-    """A tiny random Qwen2 model + tokenizer on disk, built once per session."""
+    """A tiny random Qwen2 model + tokenizer on disk, built once per session (all workers share it)."""
     from verl.remote_backend.testing.tiny_model import build_tiny_model
 
-    return build_tiny_model(str(tmp_path_factory.mktemp("local_backend_tiny")))
+    return once_per_session(
+        tmp_path_factory, "tiny-model", lambda: build_tiny_model(str(tmp_path_factory.mktemp("local_backend_tiny")))
+    )
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +80,8 @@ VERL_LINE_STEPS = {"local": 2, "my-engine": 1}
 def small_gsm8k_assets(tmp_path_factory, tiny_model_dir) -> dict[str, str]:
     """``{"model", "train", "test"}``: the session's tiny model and a gsm8k subset of 8 train / 4 test
     prompts (two steps of 4), built once; runs only read them."""
-    train, test = build_gsm8k(tmp_path_factory.mktemp("small_gsm8k"), max_train=8, max_test=4)
+    build = lambda: build_gsm8k(tmp_path_factory.mktemp("small_gsm8k"), max_train=8, max_test=4)
+    train, test = once_per_session(tmp_path_factory, "small-gsm8k", build)
     return {"model": tiny_model_dir, "train": train, "test": test}
 
 
@@ -85,7 +89,8 @@ def small_gsm8k_assets(tmp_path_factory, tiny_model_dir) -> dict[str, str]:
 def verl_grpo_line_run(tmp_path_factory, small_gsm8k_assets) -> Callable[[str], SharedRun]:
     """``run(backend)``: verl's GRPO-on-gsm8k command line (``remote_e2e.verl_grpo_gsm8k_line``)
     with ``trainer.remote_backend=backend``, run through the entry point at most once per backend
-    per session; every later call returns the same finished run. ``my-engine`` is the adapter of
+    per session (across pytest-xdist workers: ``support/shared_runs.py``); every later call returns
+    the same finished run. ``my-engine`` is the adapter of
     ``tests/support/third_party_adapter.py``, made known through ``VERL_USE_EXTERNAL_MODULES``.
 
     One trainer run costs minutes on 2 cores, so the modules that assert on the same run share it
@@ -93,24 +98,27 @@ def verl_grpo_line_run(tmp_path_factory, small_gsm8k_assets) -> Callable[[str], 
     return code is not checked here: each test asserts it, with the run's output."""
     runs: dict[str, SharedRun] = {}
 
+    def build(backend: str) -> SharedRun:
+        root = tmp_path_factory.mktemp(f"verl_line_{backend}")
+        line = verl_grpo_gsm8k_line(
+            model=small_gsm8k_assets["model"],
+            train=small_gsm8k_assets["train"],
+            test=small_gsm8k_assets["test"],
+            ckpt_dir=root / "ckpt",
+            backend=backend,
+            steps=VERL_LINE_STEPS[backend],
+        )
+        env = {"WANDB_MODE": "offline"}
+        if backend == "my-engine":
+            from support.credentials import TEST_TOKEN, TOKEN_KEY  # not the adapter: it would register here
+
+            env.update(external_modules_env("support.third_party_adapter"))
+            line = [*line, f"{TOKEN_KEY}={TEST_TOKEN}"]  # a credential: test_security greps for it
+        return SharedRun.finished(run_entry(line, workdir=root / "run", env_extra=env), root / "ckpt")
+
     def run(backend: str) -> SharedRun:
         if backend not in runs:
-            root = tmp_path_factory.mktemp(f"verl_line_{backend}")
-            line = verl_grpo_gsm8k_line(
-                model=small_gsm8k_assets["model"],
-                train=small_gsm8k_assets["train"],
-                test=small_gsm8k_assets["test"],
-                ckpt_dir=root / "ckpt",
-                backend=backend,
-                steps=VERL_LINE_STEPS[backend],
-            )
-            env = {"WANDB_MODE": "offline"}
-            if backend == "my-engine":
-                from support.credentials import TEST_TOKEN, TOKEN_KEY  # not the adapter: it would register here
-
-                env.update(external_modules_env("support.third_party_adapter"))
-                line = [*line, f"{TOKEN_KEY}={TEST_TOKEN}"]  # a credential: test_security greps for it
-            runs[backend] = SharedRun.finished(run_entry(line, workdir=root / "run", env_extra=env), root / "ckpt")
+            runs[backend] = once_per_session(tmp_path_factory, f"verl-line-{backend}", lambda: build(backend))
         return runs[backend]
 
     return run
@@ -120,7 +128,9 @@ def verl_grpo_line_run(tmp_path_factory, small_gsm8k_assets) -> Callable[[str], 
 def gsm8k_assets(tmp_path_factory, tiny_model_dir) -> dict[str, str]:
     """``{"model", "train", "test"}``: the session's tiny model and the default gsm8k subset of
     ``remote_e2e.build_gsm8k`` (32 train / 8 test prompts), built once; runs only read them."""
-    train, test = build_gsm8k(tmp_path_factory.mktemp("gsm8k_assets"))
+    train, test = once_per_session(
+        tmp_path_factory, "gsm8k", lambda: build_gsm8k(tmp_path_factory.mktemp("gsm8k_assets"))
+    )
     return {"model": tiny_model_dir, "train": train, "test": test}
 
 
@@ -181,22 +191,24 @@ def seeded_overrides(assets: dict[str, str], ckpt: Path, spec: SeededRunSpec, ro
 @pytest.fixture(scope="session")
 def seeded_local_run(tmp_path_factory, gsm8k_assets) -> Callable[[str], SharedRun]:
     """``run(name)`` for a name of :data:`SEEDED_RUNS`: that entry-point run, started at most once per
-    session (``tail`` runs ``head`` first: it resumes from head's checkpoint); later calls return the
-    finished run. Shared by test_reproducibility_e2e and test_resume_e2e. Return codes are the tests' to check."""
+    session, across workers (``tail`` runs ``head`` first: it resumes from head's checkpoint); later
+    calls return the finished run. Shared by test_reproducibility_e2e and test_resume_e2e. Return
+    codes are the tests' to check."""
     probe_env = external_modules_env("support.resume_probe_backend")
     root = tmp_path_factory.mktemp("seeded_runs")
     runs: dict[str, SharedRun] = {}
 
+    def build(name: str) -> SharedRun:
+        spec = SEEDED_RUNS[name]
+        # a resumed run writes into the folder of the run it resumes, wherever that was made
+        ckpt = run(spec.ckpt_of).ckpt if spec.ckpt_of else root / name / "ckpt"
+        env = probe_env if spec.backend == "local-resume-probe" else None
+        overrides = seeded_overrides(gsm8k_assets, ckpt, spec, rollouts=root / name / "rollouts")
+        return SharedRun.finished(run_entry(overrides, workdir=root / name, env_extra=env), ckpt)
+
     def run(name: str) -> SharedRun:
         if name not in runs:
-            spec = SEEDED_RUNS[name]
-            if spec.ckpt_of:
-                run(spec.ckpt_of)
-            ckpt = root / (spec.ckpt_of or name) / "ckpt"
-            env = probe_env if spec.backend == "local-resume-probe" else None
-            overrides = seeded_overrides(gsm8k_assets, ckpt, spec, rollouts=root / name / "rollouts")
-            result = run_entry(overrides, workdir=root / name, env_extra=env)
-            runs[name] = SharedRun.finished(result, ckpt)
+            runs[name] = once_per_session(tmp_path_factory, f"seeded-{name}", lambda: build(name))
         return runs[name]
 
     return run
@@ -215,8 +227,8 @@ def thirty_step_run(tmp_path_factory, gsm8k_assets) -> SampledRun:
     """One 30-step GRPO run through the entry point (local backend, tiny model, a reward the model can
     learn and that varies within groups), its processes sampled every 2 steps. Two modules assert on
     it: test_learning_toy_task (the reward rises) and test_soak_e2e (no process keeps growing); one
-    run serves both in a process (under pytest-xdist, each worker that runs one of them makes it), as
-    it costs about a minute of both cores. Return code: the tests' to check."""
+    run serves both, across pytest-xdist workers, as it costs about a minute of both cores. Return
+    code: the tests' to check."""
     from verl.remote_backend.testing.soak import StepSampler
 
     root = tmp_path_factory.mktemp("thirty_steps")
@@ -230,7 +242,8 @@ def thirty_step_run(tmp_path_factory, gsm8k_assets) -> SampledRun:
         rollout_n=4,
         lr=5e-3,
     )
-    return SampledRun(run_entry(overrides, workdir=root / "run", timeout_s=1400, monitor=sampler), sampler)
+    build = lambda: SampledRun(run_entry(overrides, workdir=root / "run", timeout_s=1400, monitor=sampler), sampler)
+    return once_per_session(tmp_path_factory, "thirty-steps", build)
 
 
 @dataclass(frozen=True)

@@ -141,3 +141,20 @@ def test_a_skip_for_a_missing_module_fails_under_the_test_command_only(tmp_path,
     assert summary.startswith(expected), result.stdout[-2000:]
     if tagged:
         assert "FAILED test_child.py::test_needs_an_extra" in result.stdout, result.stdout[-2000:]
+
+
+def test_the_ci_leftover_check_lists_a_tagged_process_and_fails_until_it_is_gone(tmp_path):
+    script = TESTS_DIR.parent / "scripts" / "leftover_processes.py"
+    tag = f"leftover-check-{os.getpid()}"
+    sleeper = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)"], env={**os.environ, "VRB_TEST_RUN": tag}
+    )
+    try:
+        found = subprocess.run([sys.executable, str(script), tag, "--wait", "1"], capture_output=True, text=True)
+        assert found.returncode == 1, found.stdout
+        assert f"pid {sleeper.pid}: " in found.stdout and "time.sleep(120)" in found.stdout, found.stdout
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    clean = subprocess.run([sys.executable, str(script), tag, "--wait", "5"], capture_output=True, text=True)
+    assert clean.returncode == 0 and "none of test run" in clean.stdout, clean.stdout
