@@ -29,6 +29,9 @@ GGUF_READER = "gguf==0.19.0"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAME = "SmolLM2-135M-Instruct"
 DONE_MARKER = ".complete"
+#: What a complete folder's marker holds. Bumped when the folder's contents change, so a folder an
+#: older version built is rebuilt (v2: special tokens from the model's own config).
+DONE_CONTENT = f"{WHEEL} v2\n"
 
 
 def cache_root() -> Path:
@@ -65,7 +68,13 @@ def _make_gguf_importable() -> None:
 
 def prepare(output_dir: Path) -> Path:
     """Build the model folder at ``output_dir`` unless it is already complete; return it."""
-    if (output_dir / DONE_MARKER).exists():
+    marker = output_dir / DONE_MARKER
+    if marker.exists() and marker.read_text() == DONE_CONTENT:
+        return output_dir
+    if "transformers" in sys.modules:
+        # transformers notes whether gguf is importable when it is first imported (some releases as
+        # version "N/A", which then fails to parse): convert in a fresh process that imports gguf first.
+        subprocess.run([sys.executable, os.path.abspath(__file__), "--output-dir", str(output_dir)], check=True)
         return output_dir
     start = time.monotonic()
     print(f"[prepare_model] building {MODEL_NAME} in {output_dir} (once; ~30 s)", file=sys.stderr)
@@ -83,6 +92,11 @@ def prepare(output_dir: Path) -> Path:
         plain = LlamaForCausalLM(loaded.config)
         plain.load_state_dict(loaded.state_dict(), strict=True)
         plain.generation_config = loaded.generation_config
+        # The GGUF's own ids (in the model config) name the special tokens: transformers' GGUF
+        # tokenizer conversion differs by release (5.24: eos = pad = <|im_end|>, id 2; 5.10: eos =
+        # <|im_start|>, id 1, and no pad), and verl stops sampling at the tokenizer's eos.
+        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(loaded.config.eos_token_id)
+        tokenizer.pad_token = tokenizer.convert_ids_to_tokens(loaded.config.pad_token_id)
         output_dir.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=output_dir.parent))
         try:
@@ -95,7 +109,7 @@ def prepare(output_dir: Path) -> Path:
             staging.rename(output_dir)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-    (output_dir / DONE_MARKER).write_text(f"{WHEEL}\n")
+    marker.write_text(DONE_CONTENT)
     print(f"[prepare_model] done in {time.monotonic() - start:.0f}s", file=sys.stderr)
     return output_dir
 
