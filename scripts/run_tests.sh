@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The README's test command: set up the environment, then run the whole suite.
 # Extra arguments go to pytest (e.g. tests/unit for one tier, -m "not slow" for the fast suite, or
-# tests/integration/test_registry.py for one file). The release is verl 0.9.1 (what `pip install`
-# resolves) unless VRB_VERL=0.7.1; each release has its own cached environment, and the whole suite
-# runs on either (.ci/run runs the tests marked every_verl on 0.7.1).
+# tests/integration/test_registry.py for one file). The release is verl 0.7.1 unless VRB_VERL=0.9.1;
+# each release has its own cached environment with every extra. The whole suite passes on 0.7.1;
+# .ci/run runs the tests marked every_verl on 0.9.1 (README: what still fails there).
 #
 # The whole suite runs in parallel pytest-xdist workers: VRB_TEST_WORKERS of them (default: one per
 # core, at most one per 8 GiB of memory and at most 4; 1 = one process, no xdist), each test file

@@ -2,9 +2,10 @@
 # Create (or reuse) the project's Python 3.12 virtual environment and install
 # verl-remote-backend into it with the extras given as $1 (default: "test"; "base" = what the
 # main job needs: the package and its [examples] extra, without arctic-platform and deepspeed),
-# on verl $VRB_VERL (default 0.9.1, what a plain `pip install` resolves; the other supported
-# release is 0.7.1, Snowflake's base). Both releases' test environments hold the Arctic client,
-# DeepSpeed and the Tinker SDK; 0.9.1's also gets TransferQueue, which its V1 trainer needs.
+# on verl $VRB_VERL (default 0.7.1, the release the whole suite passes on; the other supported
+# release is 0.9.1, what a plain `pip install` resolves). Both releases' test environments hold the
+# Arctic client, DeepSpeed and the Tinker SDK; 0.9.1's also gets TransferQueue, which its V1
+# trainer needs.
 #
 # The environment lives outside the checkout, keyed by a hash of pyproject.toml's dependencies,
 # so a repeat run with unchanged dependencies only reinstalls our own files
@@ -24,7 +25,7 @@ p = tomllib.load(open(sys.argv[1], "rb"))
 proj = p["project"]
 print(json.dumps([p["build-system"], proj.get("requires-python"), proj.get("dependencies"),
                   proj.get("optional-dependencies")], sort_keys=True))' "$repo/pyproject.toml")"
-verl_version="${VRB_VERL:-0.9.1}"
+verl_version="${VRB_VERL:-0.7.1}"
 # release_pins: what one release needs on top of pyproject.toml's dependencies (kept out of them so
 # that the other release's environment, and its cache key, do not change). verl 0.9.1's V1 trainer
 # (its default, the remote path's there) keeps its batches in TransferQueue: verl's `verl-core`

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import sys
 import time
 
 import pytest
@@ -216,6 +217,8 @@ def test_reattach_from_another_ray_worker_process_runs_ops_and_never_destroys_th
     assert type(pickle.loads(pickle.dumps(handle))["server_state"]).__name__ == "ActorHandle"
     jobs_before = ray.get(state.get_jobs.remote())
     model = owner["cfg"].actor_rollout_ref.model.path
+    # this module is not importable in Ray's workers (its folder is not on their path): ship it by value
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     seen = ray.get(ray.remote(num_cpus=0)(_attached_ops).remote(owner["cfg"], handle, model))
     assert seen["pid"] != os.getpid() and seen["owner"] is False
     assert "server_state" in seen["handle_keys"]

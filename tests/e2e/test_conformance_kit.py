@@ -17,7 +17,7 @@ from verl.remote_backend.testing.conformance import CHECKS, KitOptions, kit_conf
 
 pytestmark = pytest.mark.slow
 
-#: the kit on both releases in CI (.ci/run); the broken adapters on verl 0.9.1 only there (verl-independent checks).
+#: the kit on both releases in CI (.ci/run); the broken adapters on verl 0.7.1 only there (verl-independent checks).
 every_verl = pytest.mark.every_verl
 
 TESTS_DIR = Path(__file__).resolve().parents[1]
@@ -89,7 +89,7 @@ def kit_ray():
     ray.shutdown()
 
 
-@pytest.mark.parametrize("name", sorted(BROKEN))  # CI: 0.9.1 only, the checks are verl-independent (~4 min)
+@pytest.mark.parametrize("name", sorted(BROKEN))  # CI: 0.7.1 only, the checks are verl-independent (~4 min)
 def test_a_broken_adapter_fails_exactly_the_check_meant_to_catch_it(kit_ray, tiny_model_dir, name):
     report = run_conformance(name, kit_config(name, model_path=tiny_model_dir))
     failed = [r for r in report.results if r.status == "fail"]

@@ -18,7 +18,7 @@ from typing import Optional
 from support.ports import free_port
 from verl.remote_backend.reliability.server_process import ServerProcess
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SETUP_SCRIPT = REPO_ROOT / "scripts" / "setup_tinker_server.sh"
 API_KEY = "tml-verl-remote-backend-tests"
 
