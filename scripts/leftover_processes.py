@@ -5,7 +5,7 @@
 A process belongs to the run tagged TAG when its environment holds ``VRB_TEST_RUN=TAG``
 (``scripts/run_tests.sh`` exports it; every process the suite starts inherits it: servers, Ray's
 daemons and workers, engines). Waits up to ``--wait`` seconds (default 30: the suite's reapers
-give a process 5 s after SIGTERM) for them to end, then prints each one still running (pid, age,
+give a process 5 s after SIGTERM) for them to end, then prints each one still running (pid and
 command line) and exits 1; exits 0 when none is left. Standard library only, reads /proc.
 """
 
