@@ -18,8 +18,6 @@ import pytest
 import torch
 from arctic_standin.harness import compose_config
 
-pytestmark = pytest.mark.every_verl  # CI runs it on both releases (.ci/run)
-
 PROBE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "arctic_standin", "engine_probe.py")
 
 

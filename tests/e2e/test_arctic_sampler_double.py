@@ -30,8 +30,6 @@ from arctic_standin.cpu_sampler import CpuReplicaPool, SamplerReplica, build_mod
 from verl.workers.remote_client.arctic.errors import ArcticResponseError
 from verl.workers.remote_client.arctic.generation import parse_result
 
-pytestmark = pytest.mark.every_verl  # CI runs it on both releases (.ci/run)
-
 # The tests on the pool start Ray and a replica actor (~30 s on 2 cores); the others are instant.
 SLOW = pytest.mark.slow
 TESTS_DIR = str(pathlib.Path(__file__).resolve().parents[1])

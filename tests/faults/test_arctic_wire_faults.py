@@ -25,8 +25,6 @@ from support.tcp_proxy import TcpProxy
 
 from verl.remote_backend.errors import BackendDiedError, BackendTimeoutError
 
-pytestmark = pytest.mark.every_verl  # CI runs it on both releases (.ci/run)
-
 TEST_TIER = "integration"  # starts Ray, a server, an engine or a model (tiers: tests/conftest.py)
 
 pytest.importorskip("arctic_platform")

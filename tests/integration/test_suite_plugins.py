@@ -18,8 +18,6 @@ from pathlib import Path
 import pytest
 from support.processes import gone
 
-pytestmark = pytest.mark.every_verl
-
 TESTS_DIR = Path(__file__).resolve().parents[1]
 
 #: The child run's only test: a server in its own session (which starts a worker of its own, as

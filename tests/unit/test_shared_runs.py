@@ -10,8 +10,6 @@ from pathlib import Path
 import pytest
 from support.shared_runs import once_per_session, session_root
 
-pytestmark = pytest.mark.every_verl  # CI runs it on both releases (.ci/run)
-
 
 class _Factory:
     """The one method of pytest's ``tmp_path_factory`` the helper uses."""
