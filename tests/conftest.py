@@ -22,6 +22,7 @@ from support.remote_e2e import (
     verl_grpo_gsm8k_line,
 )
 from support.shared_runs import once_per_session
+from support.time_report import TIERS
 
 from verl.remote_backend.reliability.server_process import ServerProcess
 
@@ -286,29 +287,27 @@ def standin_server(tmp_path_factory) -> ArcticStandIn:
 
 
 # ---------------------------------------------------------------- tiers
-_TIERS = ("unit", "integration", "e2e")
-
 #: Tier folders: the tier of a test in them that is not marked ``slow`` (``slow`` is always e2e). A
 #: file lives in the folder of its heaviest test: ``pytest tests/unit`` runs unit tests only,
 #: ``tests/integration`` no e2e test, ``tests/e2e`` the files that run verl's trainer or a
 #: multi-minute engine (with their quicker neighbours, which need the same module fixtures).
-FOLDER_TIERS = {"unit": "unit", "integration": "integration", "e2e": "integration"}
+FOLDERTIERS = {"unit": "unit", "integration": "integration", "e2e": "integration"}
 #: Folders of one kind of test across tiers: a module there states its tier (``TEST_TIER``, default unit).
 CROSS_TIER_FOLDERS = ("faults",)
 
 
 def _default_tier(item) -> str:
     folder = item.path.parent.name
-    if folder in FOLDER_TIERS:
+    if folder in FOLDERTIERS:
         if hasattr(item.module, "TEST_TIER"):
             raise pytest.UsageError(
                 f"{item.path}: a file in tests/{folder}/ takes its tier from the folder (drop TEST_TIER)"
             )
-        return FOLDER_TIERS[folder]
+        return FOLDERTIERS[folder]
     if folder in CROSS_TIER_FOLDERS:
         return getattr(item.module, "TEST_TIER", "unit")
     raise pytest.UsageError(
-        f"{item.path}: every test file lives in a tier folder ({', '.join(f'tests/{f}/' for f in FOLDER_TIERS)}) "
+        f"{item.path}: every test file lives in a tier folder ({', '.join(f'tests/{f}/' for f in FOLDERTIERS)}) "
         f"or in {', '.join(f'tests/{f}/' for f in CROSS_TIER_FOLDERS)}"
     )
 
@@ -316,20 +315,20 @@ def _default_tier(item) -> str:
 def pytest_collection_modifyitems(config, items):
     """Every test gets exactly one tier marker (``-m unit`` / ``integration`` / ``e2e``): tests
     marked ``slow`` are the e2e tier; otherwise a test's own tier marker, else its folder's tier
-    (:data:`FOLDER_TIERS`). A test whose tier is heavier than its folder's is refused: the folders
+    (:data:`FOLDERTIERS`). A test whose tier is heavier than its folder's is refused: the folders
     are what a developer runs by path."""
     for item in items:
-        explicit = [tier for tier in _TIERS if item.get_closest_marker(tier)]
+        explicit = [tier for tier in TIERS if item.get_closest_marker(tier)]
         if item.get_closest_marker("slow"):
             tier = "e2e"
         else:
             tier = explicit[0] if explicit else _default_tier(item)
-        if tier not in _TIERS:
-            raise pytest.UsageError(f"{item.module.__name__}.TEST_TIER={tier!r}: expected one of {_TIERS}")
+        if tier not in TIERS:
+            raise pytest.UsageError(f"{item.module.__name__}.TEST_TIER={tier!r}: expected one of {TIERS}")
         if set(explicit) - {tier}:
             raise pytest.UsageError(f"{item.nodeid}: marked {explicit} but its tier is {tier!r} (one tier per test)")
         folder = item.path.parent.name
-        if folder in FOLDER_TIERS and folder != "e2e" and _TIERS.index(tier) > _TIERS.index(folder):
+        if folder in FOLDERTIERS and folder != "e2e" and TIERS.index(tier) > TIERS.index(folder):
             raise pytest.UsageError(f"{item.nodeid}: a {tier} test in tests/{folder}/ (move its file to tests/{tier}/)")
         if tier not in explicit:
             item.add_marker(tier)

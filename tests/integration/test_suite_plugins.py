@@ -40,11 +40,16 @@ CHILD_TEST = textwrap.dedent(
 )
 
 
+def _child_env() -> dict[str, str]:
+    """The environment of a child pytest run: ours, with ``tests/`` on its path (``support.*`` plugins)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")])}
+
+
 def _start_child_run(tmp_path: Path, *pytest_args: str, reaping: bool = True) -> tuple[subprocess.Popen, Path]:
     pids = tmp_path / "server.pid"
     test_file = tmp_path / "test_child.py"
     test_file.write_text(CHILD_TEST.format(pids=str(pids)))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")])}
+    env = _child_env()
     child = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", *(["-p", "support.reaping"] if reaping else []),
          "-p", "no:cacheprovider", "--rootdir", str(tmp_path), *pytest_args, str(test_file)],
@@ -125,7 +130,7 @@ MISSING_EXTRA_TESTS = textwrap.dedent(
 @pytest.mark.parametrize("tagged", [True, False], ids=["test-command", "by-hand"])
 def test_a_skip_for_a_missing_module_fails_under_the_test_command_only(tmp_path, tagged):
     (tmp_path / "test_child.py").write_text(MISSING_EXTRA_TESTS)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")])}
+    env = _child_env()
     env.pop("VRB_TEST_RUN", None)
     if tagged:
         env["VRB_TEST_RUN"] = "plugin-test"

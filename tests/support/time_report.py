@@ -13,7 +13,8 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 
-_TIERS = ("unit", "integration", "e2e")
+#: The suite's tiers, lightest first (``tests/conftest.py`` gives every test one of them).
+TIERS = ("unit", "integration", "e2e")
 _seconds_by_tier: dict[str, float] = defaultdict(float)
 _tests_by_tier: dict[str, set] = defaultdict(set)
 _seconds_by_file: dict[str, float] = defaultdict(float)
@@ -41,7 +42,7 @@ SLOWEST_FILES = 20
 
 
 def pytest_runtest_logreport(report) -> None:
-    tier = next((t for t in _TIERS if t in getattr(report, "keywords", {})), "untiered")
+    tier = next((t for t in TIERS if t in getattr(report, "keywords", {})), "untiered")
     _seconds_by_tier[tier] += report.duration
     _tests_by_tier[tier].add(report.nodeid)
     _seconds_by_file[report.nodeid.split("::", 1)[0]] += report.duration
@@ -56,7 +57,7 @@ def pytest_terminal_summary(terminalreporter) -> None:
         return
     write = terminalreporter.write_line
     terminalreporter.write_sep("=", f"time per tier (wall time of the run {time.monotonic() - _started:.0f} s)")
-    for tier in (*_TIERS, "untiered"):
+    for tier in (*TIERS, "untiered"):
         if tier in _tests_by_tier:
             write(f"  {tier:<12} {len(_tests_by_tier[tier]):4d} tests {_seconds_by_tier[tier]:8.1f} s")
     write(f"  longest {SLOWEST_FILES} files:")

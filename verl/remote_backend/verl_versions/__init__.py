@@ -11,6 +11,7 @@ would overwrite each other.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 from types import ModuleType
@@ -49,13 +50,18 @@ def verl_files_in_own_subpackages() -> list[str]:
     """The files the installed ``verl`` distribution itself lists (its RECORD) under this package's
     folders, sorted; ``[]`` for a PyPI verl. Non-empty means a verl with upstream's own
     remote-backend seam: pip writes both distributions' files to the same paths without a word."""
-    try:
-        record = importlib.metadata.distribution("verl").read_text("RECORD") or ""
-    except importlib.metadata.PackageNotFoundError:  # verl imported from a source tree, not installed
-        return []
     # RECORD itself, not ``files()``: that skips paths missing on disk, and a clash is a clash either way.
-    paths = (line.split(",", 1)[0].strip('"') for line in record.splitlines())
+    paths = (line.split(",", 1)[0].strip('"') for line in _verl_record().splitlines())
     return sorted(path for path in paths if path.startswith(OWN_SUBPACKAGE_PATHS) and "__pycache__" not in path)
+
+
+@functools.cache  # the package's __init__ and the entry point both check; the file does not change
+def _verl_record() -> str:
+    """The installed ``verl`` distribution's RECORD ("" when verl runs from a source tree, not installed)."""
+    try:
+        return importlib.metadata.distribution("verl").read_text("RECORD") or ""
+    except importlib.metadata.PackageNotFoundError:
+        return ""
 
 
 def require_supported_verl() -> str:
